@@ -1,0 +1,168 @@
+"""Command line: `anydraft generate | models | pair | demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import AnydraftError
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _add_models(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
+    p.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
+    p.add_argument("--method", default="auto", help="ar | sd | slem | tli | auto")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
+    p.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
+    p.add_argument("--num-draft-tokens", type=int, default=5)
+    p.add_argument("--draft-confidence", type=float, default=0.0,
+                   help="stop drafting when the drafter's top probability falls below this")
+
+
+def _decoder(args):
+    from .decoder import Decoder
+
+    return Decoder(
+        target=args.target,
+        drafter=args.drafter,
+        method=args.method,
+        dtype=args.dtype,
+        drafter_dtype=args.drafter_dtype,
+        num_draft_tokens=args.num_draft_tokens,
+        draft_confidence=args.draft_confidence,
+        progress=_progress,
+    )
+
+
+def cmd_generate(args) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise AnydraftError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except OSError as exc:
+            raise AnydraftError(f"cannot read --prompt-file: {exc}") from exc
+    else:
+        prompt = args.prompt
+    dec = _decoder(args)
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, seed=args.seed, chat=args.chat, stop=args.stop,
+    )
+    if args.json:
+        out = dec.generate(prompt, **kwargs)
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids,
+                          "finish_reason": out.finish_reason, "stats": out.stats}, indent=2))
+    else:
+        for delta in dec.stream(prompt, **kwargs):
+            print(delta, end="", flush=True)
+        print()
+        s = dec.last_stats
+        _progress(f"[{s['method']}] {s['new_tokens']} tokens in {s['seconds']:.2f} s "
+                  f"({s['tokens_per_s']:.1f} tok/s), finish: {s['finish_reason']}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from .models import catalog
+
+    if args.action == "list":
+        rows = catalog.list_models()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(f"{'name':<20} {'installed':<10} {'size':>9}  description")
+            for r in rows:
+                size = f"{r['size_bytes'] / 2**20:.0f} MiB"
+                print(f"{r['name']:<20} {'yes' if r['installed'] else 'no':<10} {size:>9}  {r['description']}")
+        return 0
+    names = list(catalog.CATALOG) if args.names == ["all"] else args.names
+    if not names:
+        raise AnydraftError("name the models to install (or `all`)")
+    for name in names:
+        catalog.get_entry(name)  # fail on a typo before installing anything
+    for name in names:
+        path = catalog.install(name, progress=_progress)
+        print(f"{name}: {path}")
+    return 0
+
+
+def cmd_pair(args) -> int:
+    from .bridge.report import format_pair_report, pair_report
+    from .models.loading import load_tokenizer
+
+    report = pair_report(load_tokenizer(args.target), load_tokenizer(args.drafter))
+    print(json.dumps(report, indent=2) if args.json else format_pair_report(report))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="anydraft", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text")
+    _add_models(g)
+    g.add_argument("--prompt", default=None)
+    g.add_argument("--prompt-file", default=None)
+    g.add_argument("--chat", action="store_true", help="apply the target's chat template")
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    _add_sampling(g)
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="list or install the offline model catalog")
+    m.add_argument("action", choices=["list", "install"])
+    m.add_argument("names", nargs="*", help="models to install, or `all`")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("pair", help="compare the tokenizers of a target and a drafter")
+    p.add_argument("target")
+    p.add_argument("drafter")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_pair)
+
+    d = sub.add_parser("demo", help="plain decoding vs anydraft on built-in prompts")
+    d.add_argument("--target", default="qwen2.5-coder-0.5b")
+    d.add_argument("--drafter", default="smollm2-135m")
+    d.add_argument("--method", default="auto")
+    d.add_argument("--max-new-tokens", type=int, default=48)
+    d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AnydraftError as exc:
+        print(f"anydraft: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""`Decoder`: the public entry point. Loads models, prepares prompts, runs the decoding loop.
+
+    from anydraft import Decoder
+    dec = Decoder(target="qwen2.5-coder-1.5b", drafter="smollm2-135m", method="auto")
+    out = dec.generate("Write a haiku", max_new_tokens=64)
+    out.text, out.token_ids, out.stats
+    for delta in dec.stream("Write a haiku"): print(delta, end="")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from . import methods
+from .bridge import token_table
+from .decoding import DecodeState, Finish, Stats, TextAssembler, decode
+from .errors import AnydraftError
+from .models.loading import load_model, load_tokenizer, parse_dtype
+from .models.session import HFSession, context_window
+from .sampling import SamplingParams
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]  # new tokens only (an EOS that ended generation is included)
+    finish_reason: str  # "length" | "eos" | "stop" | "context"
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: object
+    tokenizer: object
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+
+def _load(spec, tokenizer, dtype, device, progress) -> LoadedModel:
+    if isinstance(spec, str):
+        model = load_model(spec, dtype=dtype, device=device, progress=progress)
+        return LoadedModel(spec, model, tokenizer or load_tokenizer(spec))
+    if tokenizer is None:
+        raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
+    name = getattr(getattr(spec, "config", None), "_name_or_path", None) or type(spec).__name__
+    return LoadedModel(name, spec.eval(), tokenizer)
+
+
+def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
+    """Every id that ends generation: the tokenizer's, the byte table's and generation_config's."""
+    ids = set(token_table(loaded.tokenizer).eos_ids)
+    config_eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
+    if config_eos is not None:
+        ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
+    return frozenset(ids)
+
+
+class Decoder:
+    """Lossless (speculative) text generation with a target model and an optional drafter."""
+
+    def __init__(
+        self,
+        target,
+        drafter=None,
+        method: str = "auto",
+        dtype="float32",
+        drafter_dtype=None,
+        device: str = "cpu",
+        tokenizer=None,
+        drafter_tokenizer=None,
+        num_draft_tokens: int = 5,
+        draft_confidence: float = 0.0,
+        progress=None,
+    ):
+        parse_dtype(dtype)
+        self.method = methods.check(method, has_drafter=drafter is not None)
+        if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= 64:
+            raise AnydraftError(f"num_draft_tokens must be an integer in 1..64, got {num_draft_tokens!r}")
+        if not 0 <= draft_confidence < 1:
+            raise AnydraftError(f"draft_confidence must be in [0, 1), got {draft_confidence!r}")
+        self.num_draft_tokens = num_draft_tokens
+        self.draft_confidence = draft_confidence
+        self.target = _load(target, tokenizer, dtype, device, progress)
+        self.drafter = None
+        if drafter is not None:
+            self.drafter = _load(drafter, drafter_tokenizer, drafter_dtype or dtype, device, progress)
+            if self.drafter.device != self.target.device:
+                raise AnydraftError(
+                    f"drafter is on {self.drafter.device} but the target is on "
+                    f"{self.target.device}: put both on the same device"
+                )
+        self.table = token_table(self.target.tokenizer)
+        self.eos_ids = _eos_ids(self.target)
+        self._method_factory = methods.factory(self)
+
+    # -- prompts ---------------------------------------------------------------------------
+    def prompt_ids(self, prompt, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt`` (a string, or a list of chat messages when chat=True)."""
+        tok = self.target.tokenizer
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise AnydraftError("prompt is empty: pass some text")
+            messages = [{"role": "user", "content": prompt}]
+        elif chat and isinstance(prompt, list) and prompt:
+            messages = prompt
+        else:
+            raise AnydraftError("prompt must be a non-empty string (or, with chat, a list of messages)")
+        if chat:
+            if not getattr(tok, "chat_template", None):
+                raise AnydraftError(
+                    f"{self.target.name} has no chat template: use chat=False (CLI: leave out --chat)"
+                )
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tok.encode(text, add_special_tokens=False)
+        else:
+            ids = tok.encode(prompt, add_special_tokens=True)
+        limit = context_window(self.target.model)
+        if len(ids) >= limit:
+            raise AnydraftError(
+                f"prompt has {len(ids)} tokens but {self.target.name}'s context window is "
+                f"{limit}: shorten the prompt"
+            )
+        return ids
+
+    # -- generation ------------------------------------------------------------------------
+    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method):
+        method = self.method if method is None else methods.check(method, self.drafter is not None)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        if not all(isinstance(s, str) for s in stop):
+            raise AnydraftError("stop must be a string or a list of strings")
+        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
+        ids = self.prompt_ids(prompt, chat)
+        state = DecodeState(HFSession(self.target.model), list(ids), params, params.generator(), Stats())
+        text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
+        finish = Finish()
+        steps = decode(state, self._method_factory(method), max_new_tokens, self.eos_ids, text, finish)
+        return state, text, finish, steps
+
+    def generate(
+        self,
+        prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        chat: bool = True,
+        stop: str | Sequence[str] | None = None,
+        method: str | None = None,
+    ) -> GenerationOutput:
+        """Generate a completion. ``method`` overrides the decoder's method for this call."""
+        state, text, finish, steps = self._run(
+            prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method
+        )
+        new = [t for chunk in steps for t in chunk]
+        return GenerationOutput(text.finish(), new, finish.reason, state.stats.as_dict())
+
+    def stream(
+        self,
+        prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        chat: bool = True,
+        stop: str | Sequence[str] | None = None,
+        method: str | None = None,
+    ) -> Iterator[str]:
+        """Yield text deltas as they are committed; deltas never split a UTF-8 character.
+
+        After the generator is exhausted, ``self.last_stats`` holds the statistics.
+        """
+        state, text, finish, steps = self._run(
+            prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method
+        )
+        for _ in steps:
+            delta = text.delta()
+            if delta:
+                yield delta
+        text.finish()
+        tail = text.delta(final=True)
+        if tail:
+            yield tail
+        self.last_stats = {**state.stats.as_dict(), "finish_reason": finish.reason}

@@ -1,0 +1,98 @@
+"""The one decoding loop every method plugs into.
+
+A method is an object with ``name``, ``start(state)`` and ``step(state) -> list[int]``: each
+step commits one or more target tokens, exactly as plain sampling from the target's processed
+distribution would have produced them (that is each method's lossless contract). Plain
+autoregressive decoding is the method that proposes nothing. The loop owns stopping
+(max_new_tokens, every EOS id, stop strings, context window) and the statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..models.session import Session
+from ..sampling import SamplingParams
+from .stats import Stats
+from .text import TextAssembler
+
+
+@dataclass
+class DecodeState:
+    """What a method sees: the target session, the committed tokens, the sampling settings."""
+
+    target: Session
+    committed: list[int]  # prompt + every committed new token
+    params: SamplingParams
+    generator: torch.Generator
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def pending(self) -> list[int]:
+        """Committed tokens the target has not seen yet (fed with the next scoring call)."""
+        return self.committed[len(self.target) :]
+
+    def score(self, candidates: Sequence[int] = ()) -> torch.Tensor:
+        """Feed pending + candidates to the target in one pass.
+
+        Returns ``len(candidates) + 1`` logits rows: row i is the target's next-token logits
+        after the committed text and the first i candidates.
+        """
+        ids = self.pending + list(candidates)
+        with self.stats.timed("target"):
+            logits = self.target.feed(ids, rows=len(candidates) + 1)
+        self.stats.target_calls += 1
+        return logits
+
+
+@dataclass
+class Finish:
+    reason: str = "length"  # "length" | "eos" | "stop" | "context"
+
+
+def decode(
+    state: DecodeState,
+    method,
+    max_new_tokens: int,
+    eos_ids: frozenset[int],
+    text: TextAssembler,
+    finish: Finish,
+) -> Iterator[list[int]]:
+    """Run ``method`` until a stop condition; yield the tokens each step commits.
+
+    Tokens after a stop condition within one step are discarded (the target saw them only as
+    unverified candidates, or as tokens nobody asked for).
+    """
+    stats = state.stats
+    stats.method = method.name
+    stats.prompt_tokens = len(state.committed)
+    start = time.perf_counter()
+    method.start(state)
+    generated = 0
+    while generated < max_new_tokens:
+        if len(state.committed) >= state.target.max_length:
+            finish.reason = "context"
+            break
+        new = method.step(state)
+        assert new, f"method {method.name} committed nothing"
+        kept = []
+        for token in new[: max_new_tokens - generated]:
+            kept.append(token)
+            if token in eos_ids:
+                finish.reason = "eos"
+                break
+            if text.add(token):
+                finish.reason = "stop"
+                break
+        state.committed.extend(kept)
+        generated += len(kept)
+        stats.new_tokens = generated
+        stats.seconds = time.perf_counter() - start
+        yield kept
+        if finish.reason in ("eos", "stop"):
+            break
+    stats.seconds = time.perf_counter() - start

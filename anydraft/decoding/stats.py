@@ -1,0 +1,51 @@
+"""Statistics of one generation. The loop owns them so every method is measured alike."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+PHASES = ("draft", "target", "translate")
+
+
+@dataclass
+class Stats:
+    method: str = "ar"
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    seconds: float = 0.0
+    target_calls: int = 0
+    drafter_calls: int = 0
+    drafted: int = 0  # draft tokens offered to the target (in target tokens)
+    accepted: int = 0  # of those, how many the target accepted
+    phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @contextmanager
+    def timed(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[phase] += time.perf_counter() - start
+
+    def as_dict(self) -> dict:
+        other = max(0.0, self.seconds - sum(self.phase_seconds.values()))
+        return {
+            "method": self.method,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.new_tokens / self.seconds if self.seconds > 0 else 0.0,
+            "target_calls": self.target_calls,
+            "drafter_calls": self.drafter_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            # tokens committed per target forward pass (1.0 for plain decoding)
+            "mean_accepted": self.new_tokens / self.target_calls if self.target_calls else 0.0,
+            "draft_seconds": self.phase_seconds["draft"],
+            "target_seconds": self.phase_seconds["target"],
+            "translate_seconds": self.phase_seconds["translate"],
+            "other_seconds": other,
+        }

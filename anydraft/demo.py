@@ -1,0 +1,39 @@
+"""`anydraft demo`: plain decoding vs anydraft, side by side, on the built-in prompts."""
+
+from __future__ import annotations
+
+import sys
+
+from .models import catalog
+from .prompts import builtin_prompts
+
+
+def run_demo(args) -> int:
+    from .decoder import Decoder
+
+    for name in (args.target, args.drafter):
+        if name in catalog.CATALOG and not catalog.CATALOG[name].installed:
+            catalog.install(name, progress=lambda m: print(m, file=sys.stderr))
+    dec = Decoder(target=args.target, drafter=args.drafter, method=args.method,
+                  progress=lambda m: print(m, file=sys.stderr))
+    prompts = [p for p in builtin_prompts() if p["category"] == "code"][: max(1, args.n // 2)]
+    prompts += [p for p in builtin_prompts() if p["category"] != "code"][: args.n - len(prompts)]
+    methods = ["ar"] if dec.drafter is None else ["ar", dec.method]
+    print(f"target {args.target}, drafter {args.drafter}, method {args.method}, "
+          f"greedy, {args.max_new_tokens} new tokens, float32\n")
+    header = f"| {'prompt':<12} | {'method':<6} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    dec.generate("Hello", max_new_tokens=2, method="ar")  # warm-up
+    for p in prompts:
+        base = None
+        for method in methods:
+            out = dec.generate(p["prompt"], max_new_tokens=args.max_new_tokens, method=method)
+            s = out.stats
+            base = base or out
+            speedup = base.stats["seconds"] / s["seconds"]
+            same = "yes" if out.token_ids == base.token_ids else "NO"
+            print(f"| {p['id']:<12} | {s['method']:<6} | {s['new_tokens']:>6} | {s['seconds']:>7.2f} "
+                  f"| {s['tokens_per_s']:>6.1f} | {speedup:>6.2f}x | {same:<9} |", flush=True)
+    print(f"\nlast output ({prompts[-1]['id']}):\n{out.text}")
+    return 0

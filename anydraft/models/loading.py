@@ -1,0 +1,162 @@
+"""Resolve a model spec (catalog short name, hub id, directory or .gguf) and load it.
+
+GGUF weights are dequantized by transformers on every load (13-45 s here). The first load
+therefore saves the converted model (safetensors, config, tokenizer) under
+``$ANYDRAFT_CACHE/converted/<file stem>-<size>/`` and every later load reads that directory.
+The tokenizer is cached on its own, so bridge work never pays for the weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AnydraftError
+from . import catalog
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are: ``path`` is a directory, or a hub id when ``hub`` is true."""
+
+    name: str  # what the user typed
+    path: str
+    gguf_file: str | None = None  # file name inside ``path`` for GGUF models
+    hub: bool = False
+
+    @property
+    def cache_key(self) -> str | None:
+        if self.gguf_file is None:
+            return None
+        size = (Path(self.path) / self.gguf_file).stat().st_size
+        return f"{Path(self.gguf_file).stem}-{size}"
+
+    @property
+    def converted_dir(self) -> Path | None:
+        key = self.cache_key
+        return None if key is None else catalog.cache_dir() / "converted" / key
+
+
+def resolve(spec: str) -> ModelSource:
+    """Turn a user's model spec into a `ModelSource`; clear error for anything unusable."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise AnydraftError("model spec is empty: pass a catalog name, a hub id, a directory or a .gguf file")
+    if spec in catalog.CATALOG:
+        entry = catalog.CATALOG[spec]
+        if not entry.installed:
+            raise AnydraftError(
+                f"catalog model {spec!r} is not installed: run `anydraft models install {spec}`"
+            )
+        path = entry.gguf_path
+        return ModelSource(spec, str(path.parent), path.name)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise AnydraftError(f"GGUF file {spec!r} does not exist")
+        return ModelSource(spec, str(path.parent.resolve()), path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise AnydraftError(f"directory {spec!r} has no config.json: not a transformers model")
+        return ModelSource(spec, str(path.resolve()))
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return ModelSource(spec, spec, hub=True)
+    raise AnydraftError(
+        f"unknown model {spec!r}: not a catalog name ({', '.join(catalog.CATALOG)}), "
+        "an existing directory, a .gguf file or a hub id of the form owner/name"
+    )
+
+
+def _save_atomically(obj, directory: Path) -> None:
+    """``save_pretrained`` into a scratch directory, then rename: no half-written cache."""
+    tmp = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    obj.save_pretrained(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+
+
+def _hub_error(source: ModelSource, exc: Exception) -> AnydraftError:
+    return AnydraftError(
+        f"could not load {source.name!r} from the model hub ({type(exc).__name__}: {exc}). "
+        "If this machine is offline, use a catalog model (`anydraft models list`), "
+        "a local directory or a .gguf file."
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def load_tokenizer(spec: str):
+    """The transformers tokenizer of ``spec`` (cached per process and, for GGUF, on disk)."""
+    from transformers import AutoTokenizer
+
+    source = resolve(spec)
+    if source.gguf_file is not None:
+        tok_dir = source.converted_dir / "tokenizer"
+        if (tok_dir / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(tok_dir)
+        tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+        _save_atomically(tok, tok_dir)
+        return tok
+    try:
+        return AutoTokenizer.from_pretrained(source.path)
+    except OSError as exc:
+        raise _hub_error(source, exc) from exc
+
+
+def parse_dtype(dtype):
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise AnydraftError(f"dtype {dtype} not supported: use float32 or bfloat16")
+        return dtype
+    if dtype not in DTYPES:
+        raise AnydraftError(f"unknown dtype {dtype!r}: use float32 or bfloat16")
+    return getattr(torch, DTYPES[dtype])
+
+
+def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
+    """Load ``spec`` as an eval-mode ``AutoModelForCausalLM`` in ``dtype`` on ``device``.
+
+    A GGUF file is converted once (dequantized to float32 safetensors in the cache); later
+    loads read the cache and cast to ``dtype``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = parse_dtype(dtype)
+    source = resolve(spec)
+    start = time.perf_counter()
+    if source.gguf_file is not None:
+        target = source.converted_dir / "model"
+        if not (target / "config.json").is_file():
+            if progress:
+                progress(f"converting {source.gguf_file} (first load dequantizes every tensor)...")
+            import torch
+
+            model = AutoModelForCausalLM.from_pretrained(
+                source.path, gguf_file=source.gguf_file, dtype=torch.float32
+            )
+            # The weights are plain float32 tensors now; drop the GGUF quantizer marker, which
+            # would make transformers refuse to save them.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            _save_atomically(model, target)
+            del model
+            load_tokenizer(spec)  # cache the tokenizer next to the weights
+        path = str(target)
+    else:
+        path = source.path
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except OSError as exc:
+        raise _hub_error(source, exc) from exc
+    model.to(device).eval()
+    if progress:
+        progress(f"loaded {spec} ({torch_dtype}) in {time.perf_counter() - start:.1f} s")
+    return model

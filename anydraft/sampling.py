@@ -1,0 +1,92 @@
+"""Sampling settings: one value object, one logits transform.
+
+Losslessness is always stated against `SamplingParams.probs(target_logits)`: every method
+forms its distributions with this one function, so "the target's processed distribution" means
+the same thing everywhere. Order of the transform: temperature, top-k, top-p, min-p.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .errors import AnydraftError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax of the raw logits)
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None
+
+    def __post_init__(self):
+        def bad(msg):
+            raise AnydraftError(f"invalid sampling settings: {msg}")
+
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                bad(f"{name} must be a finite number, got {value!r}")
+        if self.temperature < 0:
+            bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.temperature > 100:
+            bad(f"temperature must be <= 100, got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            bad(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            bad(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            bad(f"min_p must be in [0, 1) (0 = off), got {self.min_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            bad(f"seed must be a non-negative integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator:
+        """A fresh generator: seeded runs are reproducible, unseeded ones are not."""
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        return torch.Generator().manual_seed(seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Processed float32 distribution(s) over the last dimension of ``logits``.
+
+        Greedy settings give the one-hot distribution of the argmax, so methods that verify by
+        rejection sampling are exact for greedy too.
+        """
+        logits = logits.float()
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        logits = logits / self.temperature
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            # keep the smallest set of most likely tokens whose mass reaches top_p
+            drop_sorted = mass_before >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+        if self.min_p > 0:
+            threshold = self.min_p * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+    def choose(self, logits: torch.Tensor, generator: torch.Generator) -> int:
+        """The target's own choice for one position: argmax, or a sample of `probs`."""
+        if self.greedy:
+            return int(logits.argmax(-1))
+        return sample(self.probs(logits), generator)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from a 1-D distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator))
