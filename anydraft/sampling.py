@@ -60,9 +60,10 @@ class SamplingParams:
         Greedy settings give the one-hot distribution of the argmax, so methods that verify by
         rejection sampling are exact for greedy too.
         """
-        logits = logits.float()
+        if logits.dtype != torch.float64:  # float64 stays: exhaustive tests compare to 1e-9
+            logits = logits.float()
         if self.greedy:
-            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
         logits = logits / self.temperature
         if self.top_k and self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
@@ -87,6 +88,17 @@ class SamplingParams:
         return sample(self.probs(logits), generator)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+# Every random decision of every method goes through these two functions, so a test can
+# replace the generator by one that enumerates all outcomes with their exact probabilities.
+def sample(probs: torch.Tensor, generator) -> int:
     """One draw from a 1-D distribution."""
+    if hasattr(generator, "sample"):
+        return generator.sample(probs)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def bernoulli(prob: float, generator) -> bool:
+    """True with probability ``min(1, prob)``."""
+    if hasattr(generator, "bernoulli"):
+        return generator.bernoulli(min(1.0, prob))
+    return float(torch.rand((), generator=generator)) < prob

@@ -7,7 +7,7 @@ import functools
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_tokenizer():
     """A byte-level BPE tokenizer with a few merges, ChatML specials and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -1,5 +1,8 @@
 """Vocabulary bridge: the only place that knows two tokenizers differ (see DESIGN.md)."""
 
+from .intersection import VocabIntersection, intersect
+from .report import format_pair_report, pair_report
+from .translate import continue_tokens, resync, stable_prefix_len, unstable_tail
 from .vocab import (
     TokenTable,
     UnspellableBytes,
@@ -9,4 +12,19 @@ from .vocab import (
     token_table,
 )
 
-__all__ = ["TokenTable", "UnspellableBytes", "build_token_table", "same_tokenizer", "split_utf8", "token_table"]
+__all__ = [
+    "TokenTable",
+    "UnspellableBytes",
+    "VocabIntersection",
+    "build_token_table",
+    "continue_tokens",
+    "format_pair_report",
+    "intersect",
+    "pair_report",
+    "resync",
+    "same_tokenizer",
+    "split_utf8",
+    "stable_prefix_len",
+    "token_table",
+    "unstable_tail",
+]

@@ -34,7 +34,11 @@ class UnspellableBytes(ValueError):
 @functools.cache
 def _gpt2_unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: printable stand-in character -> raw byte."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -59,18 +63,22 @@ def _walk(node):
 class TokenTable:
     """Byte view of one tokenizer. Build with `token_table` (cached per tokenizer object)."""
 
-    token_bytes: tuple[bytes, ...]
+    token_bytes: tuple[bytes, ...] = field(repr=False)
     kind: str  # "byte-bpe" | "sentencepiece" | "other"
-    special_ids: frozenset[int]
+    special_ids: frozenset[int] = field(repr=False)
     bos_id: int | None
     eos_id: int | None  # the primary EOS (the tokenizer's eos_token)
     eos_ids: frozenset[int]  # every id that ends a generation
     pad_id: int | None
-    byte_ids: tuple[int | None, ...]  # byte value -> a token spelling exactly that byte
-    fallback_ids: frozenset[int]  # SentencePiece "<0xNN>" tokens
+    byte_ids: tuple[int | None, ...] = field(
+        repr=False
+    )  # byte value -> a token spelling exactly that byte
+    fallback_ids: frozenset[int] = field(repr=False)  # SentencePiece "<0xNN>" tokens
     dummy_prefix: bool  # the tokenizer's own encode prepends "▁" (Llama-2 style)
     _encode: object = field(repr=False)  # tokenizer's own: (str) -> list[int]
-    _encode_raw: object = field(repr=False)  # byte-faithful variant: no unicode normalizer, no dummy prefix
+    _encode_raw: object = field(
+        repr=False
+    )  # byte-faithful variant: no unicode normalizer, no dummy prefix
 
     def __len__(self) -> int:
         return len(self.token_bytes)
@@ -105,20 +113,30 @@ class TokenTable:
     def _byte_token(self, b: int) -> int:
         tid = self.byte_ids[b]
         if tid is None:
-            raise UnspellableBytes(f"tokenizer has no token for byte 0x{b:02X}: cannot spell these bytes exactly")
+            raise UnspellableBytes(
+                f"tokenizer has no token for byte 0x{b:02X}: cannot spell these bytes exactly"
+            )
         return tid
 
     def _encode_exact(self, text: str) -> list[int]:
         ids = self._encode_raw(text)
-        want = text.encode("utf-8", errors="surrogateescape")
+        want = text.encode("utf-8")
         if self.decode_bytes(ids) == want:
             return ids
-        # Rare (a literal "▁" for SentencePiece, an unknown token): split until pieces are
-        # exact; a single character falls back to its bytes.
-        if len(text) == 1:
-            return [self._byte_token(b) for b in want]
-        mid = len(text) // 2
-        return self._encode_exact(text[:mid]) + self._encode_exact(text[mid:])
+        # Rare: a character the tokenizer rewrites (a literal "▁" reads as a space in
+        # SentencePiece) or cannot spell. Keep the tokens before it, spell that character
+        # with byte tokens, and go on after it.
+        tb, keep, pos = self.token_bytes, [], 0
+        for t in ids:
+            if not want.startswith(tb[t], pos):
+                break
+            keep.append(t)
+            pos += len(tb[t])
+        while keep and 0x80 <= want[pos : pos + 1][0] <= 0xBF:  # back off to a character start
+            pos -= len(tb[keep.pop()])
+        ci = len(want[:pos].decode("utf-8"))
+        head = [self._byte_token(b) for b in text[ci].encode("utf-8")]
+        return keep + head + (self._encode_exact(text[ci + 1 :]) if ci + 1 < len(text) else [])
 
     # --- ids -> text -------------------------------------------------------------------
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
@@ -146,17 +164,20 @@ class TokenTable:
                 ext.add(k)
         return tuple(bool(b in ext and i not in self.special_ids) for i, b in enumerate(tb))
 
-    def extendable_prefix(self, data: bytes) -> bool:
-        """Whether some non-special token starts with ``data`` and is longer than it."""
+    def extendable_prefix(self, data: bytes, proper: bool = True) -> bool:
+        """Whether some non-special token starts with ``data`` (and, if ``proper``, is longer)."""
         keys = self._sorted_keys
         j = bisect_left(keys, data)
-        while j < len(keys) and keys[j] == data:
-            j += 1
+        if proper:
+            while j < len(keys) and keys[j] == data:
+                j += 1
         return j < len(keys) and keys[j].startswith(data)
 
     @functools.cached_property
     def _sorted_keys(self) -> list[bytes]:
-        return sorted({b for i, b in enumerate(self.token_bytes) if b and i not in self.special_ids})
+        return sorted(
+            {b for i, b in enumerate(self.token_bytes) if b and i not in self.special_ids}
+        )
 
 
 def split_utf8(data: bytes) -> tuple[str, bytes]:
@@ -239,7 +260,9 @@ def _raw_backend(tj: dict):
             norm["normalizers"] = keep
     for pre in _walk(tj.get("pre_tokenizer")):
         if pre.get("type") == "Metaspace":
-            scheme = pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never")
+            scheme = pre.get(
+                "prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never"
+            )
             if scheme != "never":
                 dummy = changed = True
                 pre["prepend_scheme"] = "never"
@@ -251,7 +274,10 @@ def _generation_config_eos(tokenizer) -> set[int]:
     """EOS ids from a generation_config.json lying next to the tokenizer (no weights read)."""
     name = getattr(tokenizer, "name_or_path", "") or ""
     out: set[int] = set()
-    for cand in (Path(name) / "generation_config.json", Path(name).parent / "model" / "generation_config.json"):
+    for cand in (
+        Path(name) / "generation_config.json",
+        Path(name).parent / "model" / "generation_config.json",
+    ):
         try:
             eos = json.loads(cand.read_text()).get("eos_token_id")
         except (OSError, ValueError):
@@ -275,7 +301,9 @@ def build_token_table(tokenizer) -> TokenTable:
     dummy = False
     if backend is not None:
         tj = json.loads(backend.to_str())
-        types = {c.get("type") for part in ("decoder", "pre_tokenizer") for c in _walk(tj.get(part))}
+        types = {
+            c.get("type") for part in ("decoder", "pre_tokenizer") for c in _walk(tj.get(part))
+        }
         dec_types = {c.get("type") for c in _walk(tj.get("decoder"))}
         if "ByteLevel" in dec_types or ("ByteLevel" in types and not dec_types - {"ByteLevel"}):
             kind = "byte-bpe"
@@ -287,7 +315,9 @@ def build_token_table(tokenizer) -> TokenTable:
             kind = "other"
         special |= {a["id"] for a in tj.get("added_tokens", []) if a.get("special")}
         n = max(n, backend.get_vocab_size(with_added_tokens=True))
-        tb, fallback = _token_bytes_from_json(tj, kind, n) if kind != "other" else ([None] * n, set())
+        tb, fallback = (
+            _token_bytes_from_json(tj, kind, n) if kind != "other" else ([None] * n, set())
+        )
         raw, dummy = _raw_backend(tj)
 
         def encode(text: str, _b=backend) -> list[int]:
@@ -295,6 +325,7 @@ def build_token_table(tokenizer) -> TokenTable:
 
         encode_raw = encode
         if raw is not None:
+
             def encode_raw(text: str, _b=raw) -> list[int]:
                 return _b.encode(text, add_special_tokens=False).ids
     else:
@@ -307,7 +338,9 @@ def build_token_table(tokenizer) -> TokenTable:
         encode_raw = encode
     for i, b in enumerate(tb):
         if b is None:  # structure unknown for this id: the tokenizer's decode is all we have
-            tb[i] = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False).encode("utf-8")
+            tb[i] = tokenizer.decode(
+                [i], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            ).encode("utf-8")
     byte_ids: list[int | None] = [None] * 256
     for i, b in enumerate(tb):
         if len(b) == 1 and i not in special:
@@ -319,7 +352,9 @@ def build_token_table(tokenizer) -> TokenTable:
     by_spelling = {getattr(t, "content", str(t)): i for i, t in added_decoder.items()}
     eos_id = getattr(tokenizer, "eos_token_id", None)
     eos = {eos_id} if eos_id is not None else set()
-    eos |= {by_spelling[s] for s in _EOS_SPELLINGS if s in by_spelling and by_spelling[s] in special}
+    eos |= {
+        by_spelling[s] for s in _EOS_SPELLINGS if s in by_spelling and by_spelling[s] in special
+    }
     eos |= {i for i in _generation_config_eos(tokenizer) if 0 <= i < len(tb)}
     return TokenTable(
         token_bytes=tuple(tb),

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from ..errors import AnydraftError
 from .ar import Autoregressive
+from .pairing import Pairing
+from .sd import SpeculativeSampling
+from .slem import StringLevelExactMatch
+from .tli import TokenLevelIntersection
 
 METHODS = ("ar", "sd", "slem", "tli", "auto")
 NEEDS_DRAFTER = ("sd", "slem", "tli")
@@ -18,12 +22,33 @@ def check(name: str, has_drafter: bool) -> str:
     return name
 
 
-def factory(decoder):
-    """A function method name -> fresh method object (one per generation) for ``decoder``."""
+def choose_auto(pairing: Pairing | None, greedy: bool) -> str:
+    """`auto`: sd for a same-tokenizer pair; else slem for greedy (it proposes any target token,
+    multi-token merges included), tli for sampling (rejection sampling accepts far more than
+    exact match of two independent samples). No drafter: plain decoding."""
+    if pairing is None:
+        return "ar"
+    if pairing.same_tokenizer:
+        return "sd"
+    return "slem" if greedy else "tli"
 
-    def make(name: str):
-        if name == "ar" or (name == "auto" and decoder.drafter is None):
+
+def factory(decoder):
+    """A function (method name, sampling params) -> fresh method object for ``decoder``."""
+    pairing = Pairing.of(decoder) if decoder.drafter is not None else None
+    if pairing is not None and decoder.method == "sd" and not pairing.same_tokenizer:
+        raise AnydraftError(
+            "method 'sd' needs the drafter to share the target's tokenizer, and these two "
+            "tokenizers differ: use method 'slem', 'tli' or 'auto'")
+
+    def make(name: str, params):
+        if name == "auto":
+            name = choose_auto(pairing, params.greedy)
+        if name == "ar":
             return Autoregressive()
-        raise AnydraftError(f"method {name!r} is not available yet")
+        if name == "sd" and not pairing.same_tokenizer:
+            raise AnydraftError("method 'sd' needs a drafter with the target's tokenizer: use 'slem', 'tli' or 'auto'")
+        return {"sd": SpeculativeSampling, "slem": StringLevelExactMatch,
+                "tli": TokenLevelIntersection}[name](pairing)
 
     return make

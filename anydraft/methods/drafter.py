@@ -1,0 +1,87 @@
+"""The drafter model as a proposer, with its KV cache kept in sync with the committed text.
+
+The drafter always reads the committed text in ITS OWN tokens (``ids``). Its session holds
+a prefix of ``ids`` followed by the draft tokens of the last step. After the target commits,
+`sync_text` (cross-vocabulary: through the bridge, by bytes) or `sync_ids` (same vocabulary)
+keeps the still-valid prefix of the cache, crops the rest and queues the tokens to feed. The
+whole sequence is never re-fed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..bridge import UnspellableBytes
+from ..bridge.translate import resync
+from ..models.session import Session
+from ..sampling import sample
+
+
+class Drafter:
+    def __init__(self, session: Session, table, ids: list[int], stats):
+        self.session = session
+        self.table = table  # drafter TokenTable
+        self.ids = ids  # committed text in drafter tokens
+        self.stats = stats
+        self.drafts: list[int] = []  # drafted after `ids` at the last step
+
+    def propose(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
+                greedy: bool, generator: torch.Generator, confidence: float,
+                stop_ids: frozenset[int] = frozenset()) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft up to ``k`` tokens; return them and the distribution each was drawn from.
+
+        ``to_probs`` turns drafter logits into the proposal distribution (``None``: nothing
+        can be proposed here). Greedy drafting takes the argmax of that distribution.
+        Drafting stops early after a token in ``stop_ids`` (EOS), or before a position where
+        the drafter's own top probability (softmax of its raw logits) is below ``confidence``.
+        """
+        room = self.session.max_length - len(self.ids) - 1
+        k = min(k, room)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        with self.stats.timed("draft"):
+            if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
+                self.session.rollback(len(self.ids) - 1)
+            feed = self.ids[len(self.session):]
+            for _ in range(k):
+                logits = self.session.feed(feed, rows=1)[-1]
+                self.stats.drafter_calls += 1
+                if confidence > 0 and float(torch.softmax(logits, -1).max()) < confidence:
+                    break
+                q = to_probs(logits)
+                if q is None:
+                    break
+                token = int(q.argmax()) if greedy else sample(q, generator)
+                tokens.append(token)
+                dists.append(q)
+                if token in stop_ids:
+                    break
+                feed = [token]
+        self.drafts = tokens
+        return tokens, dists
+
+    def sync_ids(self, n_keep: int, new_ids: list[int]) -> None:
+        """Same vocabulary: the first ``n_keep`` drafts were committed, then ``new_ids``."""
+        self._commit(n_keep, new_ids)
+
+    def sync_text(self, new_bytes: bytes) -> None:
+        """Cross vocabulary: ``new_bytes`` were committed after the text of ``ids``."""
+        with self.stats.timed("translate"):
+            try:
+                n_keep, feed = resync(self.table, self.ids, self.drafts, new_bytes)
+            except UnspellableBytes:
+                # a byte the drafter's vocabulary cannot spell: show the drafter U+FFFD instead.
+                # Only the drafter's view of the text changes; the output stays the target's.
+                spellable = new_bytes.decode("utf-8", errors="replace").encode()
+                n_keep, feed = resync(self.table, self.ids, self.drafts, spellable)
+        self._commit(n_keep, feed)
+
+    def _commit(self, n_keep: int, feed: list[int]) -> None:
+        base = len(self.ids)
+        self.ids.extend(self.drafts[:n_keep])
+        self.ids.extend(feed)
+        # the cache may hold ids[:base] + drafts[:k-1]; keep only what is still valid
+        self.session.rollback(min(len(self.session), base + n_keep))
+        self.drafts = []

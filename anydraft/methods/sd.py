@@ -1,0 +1,44 @@
+"""`sd`: standard speculative sampling for a drafter with the target's own tokenizer.
+
+Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023);
+Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .pairing import Pairing, room
+from .verify import verify_exact, verify_rejection
+
+
+class SpeculativeSampling:
+    name = "sd"
+
+    def __init__(self, pairing: Pairing):
+        self.pairing = pairing
+
+    def start(self, state) -> None:
+        self.drafter = self.pairing.new_drafter(state, same_ids=True)
+
+    def step(self, state) -> list[int]:
+        params, width = state.params, self.pairing.target_vocab_size
+        # padded vocabularies may differ in width: propose only ids the target has
+        drafts, qs = self.drafter.propose(
+            min(self.pairing.num_draft_tokens, room(state)),
+            lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
+            self.pairing.confidence, self.pairing.target_table.eos_ids)
+        logits = state.score(drafts)
+        if params.greedy:
+            n, token = verify_exact(logits, drafts, params, state.generator)
+        else:
+            p = params.probs(logits)
+            q = torch.zeros(len(drafts), width, dtype=p.dtype)
+            for i, dist in enumerate(qs):
+                q[i, : dist.shape[0]] = dist
+            n, token = verify_rejection(p, q, drafts, state.generator)
+        state.target.rollback(len(state.committed) + n)
+        state.stats.drafted += len(drafts)
+        state.stats.accepted += n
+        self.drafter.sync_ids(n, [token])
+        return drafts[:n] + [token]

@@ -1,0 +1,52 @@
+"""The two verifiers every speculative method shares.
+
+Both take the target's logits for ``len(candidates) + 1`` positions (row i = next-token logits
+after the committed text and the first i candidates) and return ``(n_accepted, next_token)``:
+the first ``n_accepted`` candidates are committed, then ``next_token`` (a correction at the
+first rejection, or the bonus token when everything was accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..sampling import SamplingParams, bernoulli, sample
+
+
+def verify_exact(logits: torch.Tensor, candidates: Sequence[int], params: SamplingParams,
+                 generator: torch.Generator) -> tuple[int, int]:
+    """Exact match: at each position the target makes its own choice (argmax, or a sample of
+    its processed distribution) and a candidate survives only if it equals that choice.
+
+    Lossless for any proposal: every committed token is the target's own choice given the
+    committed prefix. (SLEM; and greedy for every method.)
+    """
+    for i, candidate in enumerate(candidates):
+        choice = params.choose(logits[i], generator)
+        if choice != candidate:
+            return i, choice
+    return len(candidates), params.choose(logits[len(candidates)], generator)
+
+
+def verify_rejection(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
+                     generator: torch.Generator) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    ``p``: target's processed distributions, ``len(candidates) + 1`` rows; ``q``: the
+    proposal distributions the candidates were drawn from, one row per candidate, over the
+    same (target) vocabulary. Candidate x_i is accepted with probability
+    min(1, p_i(x_i) / q_i(x_i)); at the first rejection the correction is drawn from the
+    residual max(0, p_i - q_i) / Z. Every emitted token is then distributed exactly as p_i.
+    """
+    for i, x in enumerate(candidates):
+        px, qx = float(p[i, x]), float(q[i, x])
+        assert qx > 0, "a candidate must have positive proposal probability"
+        if bernoulli(px / qx, generator):
+            continue
+        residual = torch.clamp(p[i] - q[i], min=0)
+        if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had ~zero chance
+            residual = p[i]
+        return i, sample(residual / residual.sum(), generator)
+    return len(candidates), sample(p[len(candidates)], generator)

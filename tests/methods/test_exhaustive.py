@@ -1,0 +1,79 @@
+"""Sampling exactness by exhaustive enumeration: every random path of the real decoding loop,
+weighted by its exact probability, gives the target's own distribution over outputs (1e-9)."""
+
+import pytest
+
+from anydraft.methods import SpeculativeSampling, StringLevelExactMatch, TokenLevelIntersection
+from anydraft.methods.ar import Autoregressive
+from tests.methods.toys import Toys, params
+
+PROMPT = [1]  # "a"
+MAX_NEW = 2  # with 2 draft tokens a step can emit 3: one or two steps per path
+
+
+@pytest.fixture(scope="module")
+def toys():
+    return Toys()
+
+
+def assert_same_distribution(got: dict, want: dict):
+    assert abs(sum(got.values()) - 1) < 1e-9
+    for seq in set(got) | set(want):
+        assert abs(got.get(seq, 0.0) - want.get(seq, 0.0)) < 1e-9, seq
+
+
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=4), dict(temperature=1.3, top_p=0.8),
+            dict(temperature=1.0, min_p=0.1), dict(temperature=0.0)]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+@pytest.mark.parametrize("method", ["ar", "slem", "tli"])
+def test_cross_vocabulary_methods_are_exact(toys, method, settings):
+    if method == "slem" and settings == dict(temperature=1.0):
+        pytest.skip("105k random paths (40 s); slem is covered under the truncated settings")
+    p = params(**settings)
+    want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
+    pairing = toys.pairing(num_draft_tokens=2)
+    make = {"ar": Autoregressive, "slem": lambda: StringLevelExactMatch(pairing),
+            "tli": lambda: TokenLevelIntersection(pairing)}[method]
+    got, paths = toys.method_distribution(make, PROMPT, p, MAX_NEW)
+    assert paths >= len(want)  # every outcome of the target was reached
+    assert_same_distribution(got, want)
+
+
+@pytest.mark.parametrize("settings", SETTINGS[1:], ids=str)  # plain t=1: 35 s, same verifier as tli
+def test_sd_is_exact_with_a_same_vocabulary_drafter(toys, settings):
+    """Same vocabulary, different model: the drafter is a target-vocabulary toy, other salt."""
+    import dataclasses
+
+    from tests.methods.toys import TARGET_VOCAB, ToySession
+
+    p = params(**settings)
+    want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
+    pairing = dataclasses.replace(
+        toys.pairing(num_draft_tokens=2), drafter_table=toys.target_table,
+        drafter_vocab_size=len(TARGET_VOCAB),
+        new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
+    got, _ = toys.method_distribution(lambda: SpeculativeSampling(pairing), PROMPT, p, MAX_NEW)
+    assert_same_distribution(got, want)
+
+
+def test_a_wrong_verifier_is_caught(toys):
+    """The harness must be able to fail: accepting every draft gives the drafter's law."""
+    import anydraft.methods.tli as tli
+
+    p = params(temperature=1.0)
+    want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
+    pairing = toys.pairing(num_draft_tokens=2)
+    original = tli.verify_rejection
+
+    def accept_all(p_, q_, candidates, generator):
+        return len(candidates), original(p_[len(candidates):], q_[:0], [], generator)[1]
+
+    tli.verify_rejection = accept_all
+    try:
+        got, _ = toys.method_distribution(lambda: TokenLevelIntersection(pairing), PROMPT, p, MAX_NEW)
+    finally:
+        tli.verify_rejection = original
+    with pytest.raises(AssertionError):
+        assert_same_distribution(got, want)

@@ -1,0 +1,61 @@
+"""Bad input gets a clear AnydraftError (a ValueError) and a non-zero CLI exit."""
+
+import pytest
+
+from anydraft import AnydraftError, Decoder
+from anydraft.cli import main
+from tests.helpers import byte_tokenizer, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def dec():
+    tok = byte_tokenizer()
+    return Decoder(target=tiny_llama(len(tok), max_positions=64), tokenizer=tok)
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", None, 42, []])
+def test_empty_or_wrong_prompt(dec, prompt):
+    with pytest.raises(AnydraftError, match="prompt"):
+        dec.generate(prompt)
+
+
+def test_prompt_longer_than_context(dec):
+    with pytest.raises(AnydraftError, match="context window is 64: shorten the prompt"):
+        dec.generate("word " * 200, chat=False)
+
+
+def test_generation_stops_at_context_window(dec):
+    out = dec.generate("hello " * 8, max_new_tokens=500, chat=False)
+    assert out.finish_reason in ("context", "eos")
+    assert len(dec.prompt_ids("hello " * 8, chat=False)) + len(out.token_ids) <= 64
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"), ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": "ten"}, "max_new_tokens"), ({"stop": [3]}, "stop"), ({"method": "magic"}, "unknown method"),
+    ({"method": "slem"}, "needs a drafter"),
+])
+def test_invalid_generation_settings(dec, kwargs, match):
+    with pytest.raises(AnydraftError, match=match):
+        dec.generate("hello", **kwargs)
+
+
+def test_model_object_without_tokenizer():
+    with pytest.raises(AnydraftError, match="tokenizer"):
+        Decoder(target=tiny_llama(300))
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("no-such-model", "unknown model"), ("/nonexistent/model.gguf", "does not exist"),
+    ("", "empty"),
+])
+def test_unknown_model_specs(spec, match):
+    with pytest.raises(AnydraftError, match=match):
+        Decoder(target=spec)
+
+
+def test_cli_errors_exit_nonzero_without_traceback(capsys):
+    assert main(["generate", "--target", "no-such-model", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("anydraft: error: unknown model") and "Traceback" not in err
+    assert main(["generate", "--target", "x", "--prompt", "hi", "--temperature", "-1"]) == 2

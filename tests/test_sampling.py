@@ -1,0 +1,59 @@
+"""Sampling settings: validation and the logits transform on hand-computed examples."""
+
+import math
+
+import pytest
+import torch
+
+from anydraft import AnydraftError, SamplingParams
+
+
+def test_greedy_is_one_hot_of_argmax():
+    p = SamplingParams().probs(torch.tensor([0.1, 3.0, -1.0]))
+    assert p.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_temperature_top_k_top_p_min_p_by_hand():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]))
+    # temperature 1: softmax gives back the probabilities
+    torch.testing.assert_close(SamplingParams(temperature=1.0).probs(logits),
+                               torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]))
+    # top_k=2 keeps 0.5 and 0.25 -> 2/3, 1/3
+    torch.testing.assert_close(SamplingParams(temperature=1.0, top_k=2).probs(logits),
+                               torch.tensor([2 / 3, 1 / 3, 0, 0, 0]))
+    # top_p=0.8: 0.5 + 0.25 = 0.75 < 0.8, so 0.15 is needed too -> /0.9
+    torch.testing.assert_close(SamplingParams(temperature=1.0, top_p=0.8).probs(logits),
+                               torch.tensor([0.5, 0.25, 0.15, 0, 0]) / 0.9)
+    # top_p=0.75 is reached exactly by the first two
+    torch.testing.assert_close(SamplingParams(temperature=1.0, top_p=0.75).probs(logits),
+                               torch.tensor([2 / 3, 1 / 3, 0, 0, 0]))
+    # min_p=0.2: threshold 0.1 keeps 0.5, 0.25, 0.15
+    torch.testing.assert_close(SamplingParams(temperature=1.0, min_p=0.2).probs(logits),
+                               torch.tensor([0.5, 0.25, 0.15, 0, 0]) / 0.9)
+    # temperature 0.5 squares the probabilities before normalising
+    sq = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]) ** 2
+    torch.testing.assert_close(SamplingParams(temperature=0.5).probs(logits), sq / sq.sum())
+
+
+def test_batched_rows_are_independent():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]])
+    p = SamplingParams(temperature=1.0, top_k=1).probs(logits)
+    assert p.tolist() == [[0, 0, 1], [1, 0, 0]]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"temperature": -0.1}, {"temperature": math.nan}, {"temperature": "hot"}, {"top_p": 0.0},
+    {"top_p": 1.5}, {"top_k": -1}, {"top_k": 2.5}, {"min_p": 1.0}, {"min_p": -0.1},
+    {"seed": -3}, {"temperature": math.inf},
+])
+def test_invalid_settings_are_rejected_with_the_field_name(kwargs):
+    with pytest.raises(AnydraftError) as err:
+        SamplingParams(**kwargs)
+    assert next(iter(kwargs)) in str(err.value)
+
+
+def test_seeded_generator_is_reproducible():
+    p = torch.full((50,), 1 / 50)
+    draws = [torch.multinomial(p, 5, generator=SamplingParams(seed=3).generator()).tolist()
+             for _ in range(2)]
+    assert draws[0] == draws[1]
