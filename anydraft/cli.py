@@ -69,12 +69,14 @@ def cmd_generate(args) -> int:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids,
                           "finish_reason": out.finish_reason, "stats": out.stats}, indent=2))
     else:
-        for delta in dec.stream(prompt, **kwargs):
+        stream = dec.stream(prompt, **kwargs)
+        for delta in stream:
             print(delta, end="", flush=True)
         print()
-        s = dec.last_stats
+        s = stream.output.stats
         _progress(f"[{s['method']}] {s['new_tokens']} tokens in {s['seconds']:.2f} s "
-                  f"({s['tokens_per_s']:.1f} tok/s), finish: {s['finish_reason']}")
+                  f"({s['tokens_per_s']:.1f} tok/s, {s['mean_accepted']:.2f} tokens per target "
+                  f"call), finish: {stream.output.finish_reason}")
     return 0
 
 
@@ -150,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=48)
     d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
     d.set_defaults(func=cmd_demo)
+    from .bench.cli import register as register_bench; register_bench(sub)  # noqa: E702, I001
+    from .server.cli import register as register_serve; register_serve(sub)  # noqa: E702, I001
     return parser
 
 

@@ -159,11 +159,11 @@ class Decoder:
         method: str | None = None,
     ) -> GenerationOutput:
         """Generate a completion. ``method`` overrides the decoder's method for this call."""
-        state, text, finish, steps = self._run(
-            prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method
-        )
-        new = [t for chunk in steps for t in chunk]
-        return GenerationOutput(text.finish(), new, finish.reason, state.stats.as_dict())
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed,
+                             chat, stop, method)
+        for _ in stream:
+            pass
+        return stream.output
 
     def stream(
         self,
@@ -177,20 +177,33 @@ class Decoder:
         chat: bool = True,
         stop: str | Sequence[str] | None = None,
         method: str | None = None,
-    ) -> Iterator[str]:
-        """Yield text deltas as they are committed; deltas never split a UTF-8 character.
+    ) -> TextStream:
+        """Text deltas as tokens are committed (never splitting a UTF-8 character).
 
-        After the generator is exhausted, ``self.last_stats`` holds the statistics.
+        Bad input raises here, before iteration. Once iterated to the end, the returned
+        stream's ``.output`` holds the `GenerationOutput` (token ids, stats, finish reason).
         """
-        state, text, finish, steps = self._run(
+        return TextStream(*self._run(
             prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method
-        )
-        for _ in steps:
-            delta = text.delta()
+        ))
+
+
+class TextStream:
+    """Iterate for text deltas; ``output`` is the `GenerationOutput` once iteration ends."""
+
+    def __init__(self, state, text, finish, steps):
+        self._state, self._text, self._finish, self._steps = state, text, finish, steps
+        self.output: GenerationOutput | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        tokens: list[int] = []
+        for chunk in self._steps:
+            tokens.extend(chunk)
+            delta = self._text.delta()
             if delta:
                 yield delta
-        text.finish()
-        tail = text.delta(final=True)
+        text = self._text.finish()
+        tail = self._text.delta(final=True)
         if tail:
             yield tail
-        self.last_stats = {**state.stats.as_dict(), "finish_reason": finish.reason}
+        self.output = GenerationOutput(text, tokens, self._finish.reason, self._state.stats.as_dict())

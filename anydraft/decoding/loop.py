@@ -1,7 +1,7 @@
 """The one decoding loop every method plugs into.
 
-A method is an object with ``name``, ``start(state)`` and ``step(state) -> list[int]``: each
-step commits one or more target tokens, exactly as plain sampling from the target's processed
+A method is an object with ``name``, ``start(state)`` and ``step(state) -> (tokens, n_accepted)``:
+each step commits one or more target tokens, the first ``n_accepted`` of them accepted drafts, exactly as plain sampling from the target's processed
 distribution would have produced them (that is each method's lossless contract). Plain
 autoregressive decoding is the method that proposes nothing. The loop owns stopping
 (max_new_tokens, every EOS id, stop strings, context window) and the statistics.
@@ -77,7 +77,7 @@ def decode(
         if len(state.committed) >= state.target.max_length:
             finish.reason = "context"
             break
-        new = method.step(state)
+        new, n_accepted = method.step(state)
         assert new, f"method {method.name} committed nothing"
         kept = []
         for token in new[: max_new_tokens - generated]:
@@ -90,6 +90,8 @@ def decode(
                 break
         state.committed.extend(kept)
         generated += len(kept)
+        stats.accepted += min(n_accepted, len(kept))
+        stats.target_tokens += len(kept) - min(n_accepted, len(kept))
         stats.new_tokens = generated
         stats.seconds = time.perf_counter() - start
         yield kept

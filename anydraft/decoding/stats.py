@@ -18,7 +18,8 @@ class Stats:
     target_calls: int = 0
     drafter_calls: int = 0
     drafted: int = 0  # draft tokens offered to the target (in target tokens)
-    accepted: int = 0  # of those, how many the target accepted
+    accepted: int = 0  # of those, how many the target accepted (and the output kept)
+    target_tokens: int = 0  # tokens the target chose itself: new_tokens = accepted + target_tokens
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @contextmanager
@@ -41,6 +42,7 @@ class Stats:
             "drafter_calls": self.drafter_calls,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "target_tokens": self.target_tokens,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             # tokens committed per target forward pass (1.0 for plain decoding)
             "mean_accepted": self.new_tokens / self.target_calls if self.target_calls else 0.0,

@@ -7,10 +7,11 @@ from .ar import Autoregressive
 from .pairing import Pairing
 from .sd import SpeculativeSampling
 from .slem import StringLevelExactMatch
+from .slrs import StringLevelRejectionSampling
 from .tli import TokenLevelIntersection
 
-METHODS = ("ar", "sd", "slem", "tli", "auto")
-NEEDS_DRAFTER = ("sd", "slem", "tli")
+METHODS = ("ar", "sd", "slem", "tli", "slrs", "auto")
+NEEDS_DRAFTER = ("sd", "slem", "tli", "slrs")
 
 
 def check(name: str, has_drafter: bool) -> str:
@@ -49,6 +50,6 @@ def factory(decoder):
         if name == "sd" and not pairing.same_tokenizer:
             raise AnydraftError("method 'sd' needs a drafter with the target's tokenizer: use 'slem', 'tli' or 'auto'")
         return {"sd": SpeculativeSampling, "slem": StringLevelExactMatch,
-                "tli": TokenLevelIntersection}[name](pairing)
+                "tli": TokenLevelIntersection, "slrs": StringLevelRejectionSampling}[name](pairing)
 
     return make

@@ -9,6 +9,6 @@ class Autoregressive:
     def start(self, state) -> None:
         pass
 
-    def step(self, state) -> list[int]:
+    def step(self, state) -> tuple[list[int], int]:
         logits = state.score()
-        return [state.params.choose(logits[-1], state.generator)]
+        return [state.params.choose(logits[-1], state.generator)], 0

@@ -74,8 +74,11 @@ class Drafter:
             except UnspellableBytes:
                 # a byte the drafter's vocabulary cannot spell: show the drafter U+FFFD instead.
                 # Only the drafter's view of the text changes; the output stays the target's.
-                spellable = new_bytes.decode("utf-8", errors="replace").encode()
-                n_keep, feed = resync(self.table, self.ids, self.drafts, spellable)
+                byte_ids = self.table.byte_ids
+                spellable = "".join(
+                    c if all(byte_ids[b] is not None for b in c.encode()) else "\ufffd"
+                    for c in new_bytes.decode("utf-8", errors="replace"))
+                n_keep, feed = resync(self.table, self.ids, self.drafts, spellable.encode())
         self._commit(n_keep, feed)
 
     def _commit(self, n_keep: int, feed: list[int]) -> None:

@@ -21,7 +21,7 @@ class SpeculativeSampling:
     def start(self, state) -> None:
         self.drafter = self.pairing.new_drafter(state, same_ids=True)
 
-    def step(self, state) -> list[int]:
+    def step(self, state) -> tuple[list[int], int]:
         params, width = state.params, self.pairing.target_vocab_size
         # padded vocabularies may differ in width: propose only ids the target has
         drafts, qs = self.drafter.propose(
@@ -39,6 +39,5 @@ class SpeculativeSampling:
             n, token = verify_rejection(p, q, drafts, state.generator)
         state.target.rollback(len(state.committed) + n)
         state.stats.drafted += len(drafts)
-        state.stats.accepted += n
         self.drafter.sync_ids(n, [token])
-        return drafts[:n] + [token]
+        return drafts[:n] + [token], n

@@ -23,7 +23,7 @@ class StringLevelExactMatch:
     def start(self, state) -> None:
         self.drafter = self.pairing.new_drafter(state, same_ids=False)
 
-    def step(self, state) -> list[int]:
+    def step(self, state) -> tuple[list[int], int]:
         pairing, params = self.pairing, state.params
         dtable, ttable = pairing.drafter_table, pairing.target_table
         drafts, _ = self.drafter.propose(
@@ -42,7 +42,6 @@ class StringLevelExactMatch:
         n, token = verify_exact(logits, candidates, params, state.generator)
         state.target.rollback(len(state.committed) + n)
         state.stats.drafted += len(candidates)
-        state.stats.accepted += n
         new = candidates[:n] + [token]
         self.drafter.sync_text(ttable.decode_bytes(new))
-        return new
+        return new, n

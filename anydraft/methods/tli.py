@@ -35,7 +35,7 @@ class TokenLevelIntersection:
 
         return to_probs
 
-    def step(self, state) -> list[int]:
+    def step(self, state) -> tuple[list[int], int]:
         pairing, params = self.pairing, state.params
         drafts, qs = self.drafter.propose(
             min(pairing.num_draft_tokens, room(state)), self._restricted(params), params.greedy,
@@ -54,7 +54,6 @@ class TokenLevelIntersection:
             n, token = verify_rejection(p, q, candidates, state.generator)
         state.target.rollback(len(state.committed) + n)
         state.stats.drafted += len(candidates)
-        state.stats.accepted += n
         new = candidates[:n] + [token]
         self.drafter.sync_text(pairing.target_table.decode_bytes(new))
-        return new
+        return new, n

@@ -3,7 +3,12 @@ weighted by its exact probability, gives the target's own distribution over outp
 
 import pytest
 
-from anydraft.methods import SpeculativeSampling, StringLevelExactMatch, TokenLevelIntersection
+from anydraft.methods import (
+    SpeculativeSampling,
+    StringLevelExactMatch,
+    StringLevelRejectionSampling,
+    TokenLevelIntersection,
+)
 from anydraft.methods.ar import Autoregressive
 from tests.methods.toys import Toys, params
 
@@ -27,15 +32,16 @@ SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=4), dict(temperat
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=str)
-@pytest.mark.parametrize("method", ["ar", "slem", "tli"])
+@pytest.mark.parametrize("method", ["ar", "slem", "tli", "slrs"])
 def test_cross_vocabulary_methods_are_exact(toys, method, settings):
-    if method == "slem" and settings == dict(temperature=1.0):
+    if method in ("slem", "slrs") and settings == dict(temperature=1.0):
         pytest.skip("105k random paths (40 s); slem is covered under the truncated settings")
     p = params(**settings)
     want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
     pairing = toys.pairing(num_draft_tokens=2)
     make = {"ar": Autoregressive, "slem": lambda: StringLevelExactMatch(pairing),
-            "tli": lambda: TokenLevelIntersection(pairing)}[method]
+            "tli": lambda: TokenLevelIntersection(pairing),
+            "slrs": lambda: StringLevelRejectionSampling(pairing)}[method]
     got, paths = toys.method_distribution(make, PROMPT, p, MAX_NEW)
     assert paths >= len(want)  # every outcome of the target was reached
     assert_same_distribution(got, want)

@@ -1,0 +1,175 @@
+"""Sampling exactness on real distributions (chi-square, fixed seeds, level 0.01).
+
+1. One verification step, repeated 100,000 times with p and q taken from real catalog models
+   at a fixed position: the first emitted token is distributed as the target's processed p.
+2. End to end: 300 seeded generations of 2 new tokens on a real pair agree with the target's
+   exact distribution over those 2 tokens.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from anydraft import Decoder
+from anydraft.bridge import token_table
+from anydraft.bridge.intersection import intersect
+from anydraft.bridge.translate import continue_tokens
+from anydraft.methods.verify import verify_exact, verify_rejection
+from anydraft.models.loading import load_tokenizer
+from anydraft.models.session import HFSession
+from anydraft.sampling import SamplingParams
+
+TRIALS = 100_000
+LEVEL = 0.01
+CONTEXT = "My three favourite animals are the"
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)]
+
+
+class FastRNG:
+    """Generator stand-in (same protocol as the exhaustive tests' Enumerator): inverse-CDF
+    draws with a cached CDF per distribution, so 100k verification steps take seconds."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self._cdf = {}
+
+    def sample(self, probs):
+        key = id(probs)
+        if key not in self._cdf or self._cdf[key][0] is not probs:
+            self._cdf[key] = (probs, np.cumsum(probs.double().numpy()))
+        cdf = self._cdf[key][1]
+        return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+    def bernoulli(self, p):
+        return self.rng.random() < p
+
+
+class PrecomputedChoice:
+    """`SamplingParams.choose` for one fixed position, with its processed p computed once."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def choose(self, logits, rng):
+        return rng.sample(self.p)
+
+
+def chi_square_pvalue(samples, p: torch.Tensor, n: int) -> float:
+    """Chi-square of emitted tokens against p: bins with expected count >= 5, rest lumped."""
+    p = p.double().numpy()
+    counts = np.bincount(np.asarray(samples), minlength=len(p))
+    big = p * n >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(p[big] * n, p[~big].sum() * n)
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    expected *= observed.sum() / expected.sum()
+    return chisquare(observed, expected).pvalue
+
+
+def last_logits(model, tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=True)
+    return HFSession(model).feed(ids, rows=1)[-1], ids
+
+
+@pytest.fixture(scope="module")
+def dists(real_model):
+    """Raw logits at one position: Qwen-0.5B (target), SmolLM2 (other vocab), Qwen-1.5B."""
+    out = {}
+    for name in ("qwen2.5-coder-0.5b", "smollm2-135m", "qwen2.5-coder-1.5b"):
+        out[name] = last_logits(real_model(name), load_tokenizer(name), CONTEXT)
+    return out
+
+
+def run_sd(p, q, rng):
+    x = rng.sample(q)
+    n, token = verify_rejection(p, q[None], [x], rng)
+    return x if n == 1 else token
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+@pytest.mark.parametrize("method", ["sd", "tli", "slem"])
+def test_one_verification_step_emits_p(dists, settings, method):
+    params = SamplingParams(**settings)
+    rng = FastRNG(1234)
+    if method == "sd":  # Qwen-1.5B target, Qwen-0.5B drafter: same vocabulary
+        p = params.probs(dists["qwen2.5-coder-1.5b"][0])
+        q = params.probs(dists["qwen2.5-coder-0.5b"][0])
+        pp = p.expand(2, -1)
+        samples = [run_sd(pp, q, rng) for _ in range(TRIALS)]
+    else:  # Qwen-0.5B target, SmolLM2 drafter: different vocabularies
+        target_logits, target_ids = dists["qwen2.5-coder-0.5b"]
+        p = params.probs(target_logits)
+        pp = p.expand(2, -1)
+        ttable = token_table(load_tokenizer("qwen2.5-coder-0.5b"))
+        dtable = token_table(load_tokenizer("smollm2-135m"))
+        drafter_logits = dists["smollm2-135m"][0]
+        if method == "tli":
+            m = intersect(ttable, dtable, len(p), len(drafter_logits))
+            q_d = params.probs(drafter_logits.masked_fill(~m.drafter_mask, -float("inf")))
+            mapped = m.drafter_mask.nonzero().flatten()
+            q_t = torch.zeros(len(p)).index_add_(0, m.drafter_to_target[mapped], q_d[mapped])
+            samples = []
+            for _ in range(TRIALS):
+                x = int(m.drafter_to_target[rng.sample(q_d)])
+                n, token = verify_rejection(pp, q_t[None], [x], rng)
+                samples.append(x if n == 1 else token)
+        else:
+            q_d = params.probs(drafter_logits)
+            first = {}  # first target token of each drafted token's text
+            logits2 = target_logits.expand(2, -1)
+            own_choice = PrecomputedChoice(p)
+            samples = []
+            for _ in range(TRIALS):
+                d = rng.sample(q_d)
+                if d not in first:
+                    first[d] = continue_tokens(ttable, target_ids, dtable.token_bytes[d])[:1]
+                n, token = verify_exact(logits2, first[d], own_choice, rng)
+                samples.append(first[d][0] if n == 1 else token)
+    assert chi_square_pvalue(samples, p, TRIALS) > LEVEL
+
+
+@pytest.mark.real
+def test_chi_square_catches_a_biased_sampler(dists):
+    """The test has power: emitting the draft unverified (the drafter's law) is rejected."""
+    params = SamplingParams(temperature=1.0)
+    p = params.probs(dists["qwen2.5-coder-1.5b"][0])
+    q = params.probs(dists["qwen2.5-coder-0.5b"][0])
+    rng = FastRNG(1)
+    samples = [rng.sample(q) for _ in range(TRIALS)]
+    assert chi_square_pvalue(samples, p, TRIALS) < 1e-6
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("method", ["tli", "slem"])
+def test_end_to_end_two_tokens_match_plain_sampling(real_model, method):
+    target, drafter = "smollm2-135m", "gemma3-270m"
+    tmodel, tok = real_model(target), load_tokenizer(target)
+    dec = Decoder(target=tmodel, tokenizer=tok, drafter=real_model(drafter),
+                  drafter_tokenizer=load_tokenizer(drafter), num_draft_tokens=3)
+    prompt = "Name one colour:"
+    runs = 300
+    seqs = [tuple(dec.generate(prompt, max_new_tokens=2, temperature=1.0, seed=s, chat=True,
+                               method=method).token_ids) for s in range(runs)]
+    assert all(len(s) == 2 or s[-1] in dec.eos_ids for s in seqs)
+    # exact probability of every observed 2-token sequence under plain sampling
+    params = SamplingParams(temperature=1.0)
+    ids = dec.prompt_ids(prompt)
+    session = HFSession(tmodel)
+    p1 = params.probs(session.feed(ids, rows=1)[-1]).double()
+    exact = {}
+    for first in sorted({s[0] for s in seqs}):
+        session.rollback(len(ids))
+        if first in dec.eos_ids:
+            exact[(first,)] = float(p1[first])
+            continue
+        p2 = params.probs(session.feed([first], rows=1)[-1]).double()
+        for second in {s[1] for s in seqs if s[0] == first}:
+            exact[(first, second)] = float(p1[first] * p2[second])
+    observed = {s: seqs.count(s) for s in set(seqs)}
+    big = [s for s in exact if exact[s] * runs >= 5]
+    obs = [observed.get(s, 0) for s in big] + [runs - sum(observed.get(s, 0) for s in big)]
+    exp = [exact[s] * runs for s in big] + [runs * (1 - sum(exact[s] for s in big))]
+    assert len(big) >= 2, "prompt too peaked to test anything"
+    assert chisquare(obs, exp).pvalue > LEVEL
