@@ -37,10 +37,6 @@ def choose_auto(pairing: Pairing | None, greedy: bool) -> str:
 def factory(decoder):
     """A function (method name, sampling params) -> fresh method object for ``decoder``."""
     pairing = Pairing.of(decoder) if decoder.drafter is not None else None
-    if pairing is not None and decoder.method == "sd" and not pairing.same_tokenizer:
-        raise AnydraftError(
-            "method 'sd' needs the drafter to share the target's tokenizer, and these two "
-            "tokenizers differ: use method 'slem', 'tli' or 'auto'")
 
     def make(name: str, params):
         if name == "auto":
@@ -48,8 +44,12 @@ def factory(decoder):
         if name == "ar":
             return Autoregressive()
         if name == "sd" and not pairing.same_tokenizer:
-            raise AnydraftError("method 'sd' needs a drafter with the target's tokenizer: use 'slem', 'tli' or 'auto'")
+            raise AnydraftError(
+                "method 'sd' needs a drafter that shares the target's tokenizer, and these two "
+                "tokenizers differ: use method 'slem', 'tli', 'slrs' or 'auto'")
         return {"sd": SpeculativeSampling, "slem": StringLevelExactMatch,
                 "tli": TokenLevelIntersection, "slrs": StringLevelRejectionSampling}[name](pairing)
 
+    if decoder.method == "sd":
+        make("sd", None)  # fail at construction, not at the first generate
     return make

@@ -26,9 +26,9 @@ def spec_bench_prompts(n=10):
 
 
 PAIRS = [
-    ("qwen2.5-coder-0.5b", "smollm2-135m", ["slem", "tli", "auto"]),
+    ("qwen2.5-coder-0.5b", "smollm2-135m", ["slem", "tli", "slrs"]),
     ("smollm2-135m", "gemma3-270m", ["slem", "tli"]),
-    ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", ["sd", "auto"]),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", ["sd"]),
 ]
 
 

@@ -131,6 +131,41 @@ def test_one_verification_step_emits_p(dists, settings, method):
 
 
 @pytest.mark.real
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+def test_slrs_one_step_emits_p(dists, settings, monkeypatch):
+    """SLRS: draft one drafter token, walk its bytes; the first emitted token follows p."""
+    from anydraft.methods import slrs
+    from anydraft.methods.pairing import Pairing
+
+    # the walk rebuilds prefix sums of the same two distributions every trial: memoise them
+    build, memo = slrs.Masses, {}
+
+    def masses(trie, probs):
+        key = (id(trie), probs.data_ptr(), len(probs))
+        if key not in memo:
+            memo[key] = build(trie, probs)
+        return memo[key]
+
+    monkeypatch.setattr(slrs, "Masses", masses)
+    params = SamplingParams(**settings)
+    target_logits, target_ids = dists["qwen2.5-coder-0.5b"]
+    p = params.probs(target_logits)
+    ttable = token_table(load_tokenizer("qwen2.5-coder-0.5b"))
+    dtable = token_table(load_tokenizer("smollm2-135m"))
+    q = params.probs(dists["smollm2-135m"][0])
+    method = slrs.StringLevelRejectionSampling(Pairing(ttable, dtable, len(p), len(q), None, []))
+    rows = p.expand(8, -1)
+    rng = FastRNG(99)
+    samples = []
+    for _ in range(TRIALS):
+        d = [rng.sample(q)]
+        candidates = method._munch(d)
+        out, _ = method._walk(d, [q], candidates, rows[: len(candidates) + 1], rng)
+        samples.append(out[0])
+    assert chi_square_pvalue(samples, p, TRIALS) > LEVEL
+
+
+@pytest.mark.real
 def test_chi_square_catches_a_biased_sampler(dists):
     """The test has power: emitting the draft unverified (the drafter's law) is rejected."""
     params = SamplingParams(temperature=1.0)
@@ -142,7 +177,7 @@ def test_chi_square_catches_a_biased_sampler(dists):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("method", ["tli", "slem"])
+@pytest.mark.parametrize("method", ["tli", "slem", "slrs"])
 def test_end_to_end_two_tokens_match_plain_sampling(real_model, method):
     target, drafter = "smollm2-135m", "gemma3-270m"
     tmodel, tok = real_model(target), load_tokenizer(target)

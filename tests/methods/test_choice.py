@@ -1,0 +1,56 @@
+"""Method selection and the errors a user can cause when choosing a method."""
+
+import pytest
+
+from anydraft import AnydraftError, Decoder
+from anydraft.methods import choose_auto
+from tests.helpers import byte_tokenizer, tiny_llama
+from tests.methods.toys import Toys
+
+
+class FakePairing:
+    def __init__(self, same):
+        self.same_tokenizer = same
+
+
+def test_auto_picks_sd_for_same_tokenizer_else_slem_greedy_tli_sampling():
+    assert choose_auto(None, greedy=True) == "ar"
+    assert choose_auto(FakePairing(True), greedy=False) == "sd"
+    assert choose_auto(FakePairing(False), greedy=True) == "slem"
+    assert choose_auto(FakePairing(False), greedy=False) == "tli"
+
+
+def test_toy_pairing_detects_different_tokenizers():
+    toys = Toys()
+    assert not toys.pairing().same_tokenizer
+
+
+def test_sd_with_different_tokenizers_is_a_clear_error():
+    toys = Toys()
+    tok = byte_tokenizer()
+    with pytest.raises(AnydraftError, match="sd.*tokenizer.*slem"):
+        Decoder(target=tiny_llama(len(tok)), tokenizer=tok, drafter=tiny_llama(len(toys.target_tok) + 1),
+                drafter_tokenizer=toys.target_tok, method="sd")
+
+
+def test_same_tokenizer_tiny_pair_runs_every_method_identically():
+    tok = byte_tokenizer()
+    dec = Decoder(target=tiny_llama(len(tok), seed=0), tokenizer=tok,
+                  drafter=tiny_llama(len(tok), seed=1), drafter_tokenizer=tok, num_draft_tokens=3)
+    plain = dec.generate("hello world", max_new_tokens=24, method="ar")
+    for method in ("sd", "slem", "tli", "slrs", "auto"):
+        out = dec.generate("hello world", max_new_tokens=24, method=method)
+        assert out.token_ids == plain.token_ids, method
+        assert out.stats["new_tokens"] == out.stats["accepted"] + out.stats["target_tokens"]
+    assert dec.generate("hello world", max_new_tokens=24, method="auto").stats["method"] == "sd"
+
+
+def test_drafter_on_another_device_is_a_clear_error(monkeypatch):
+    import anydraft.decoder as decoder_module
+
+    tok = byte_tokenizer()
+    drafter = tiny_llama(len(tok), seed=1)
+    monkeypatch.setattr(decoder_module.LoadedModel, "device",
+                        property(lambda self: "meta" if self.model is drafter else "cpu"))
+    with pytest.raises(AnydraftError, match="same device"):
+        Decoder(target=tiny_llama(len(tok)), tokenizer=tok, drafter=drafter, drafter_tokenizer=tok)
