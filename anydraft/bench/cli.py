@@ -1,0 +1,166 @@
+"""`anydraft bench`: light at import time (argparse only); the work is imported in `cmd_bench`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+
+HELP = """Benchmark methods side by side on one target: AR, then each method per prompt
+(interleaved, after a warm-up), median over --repeats. Writes results.json, summary.md and PNG
+plots to --out. Exit status 1 when a greedy run's output differs from AR (a correctness alarm)."""
+
+
+def register(sub) -> None:
+    """Add the `bench` subcommand to ``sub`` (the subparsers of `anydraft`)."""
+    b = sub.add_parser("bench", help="benchmark methods side by side (tables, plots, bound)",
+                       description=HELP)
+    b.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
+    b.add_argument("--drafter", action="append", default=[],
+                   help="drafter model (repeatable: one set of runs per drafter)")
+    b.add_argument("--methods", default=None,
+                   help="comma list of ar, sd, slem, tli, slrs, auto (ar is always run: speedups divide "
+                        "by it); default ar,auto with a drafter, ar without")
+    b.add_argument("--baseline", choices=["hf"], default=None,
+                   help="hf: add transformers' assisted generation on the same pair (method `hf`)")
+    b.add_argument("--dataset", default="builtin",
+                   help="builtin | spec-bench (../shared/data/spec_bench_questions.jsonl) | PATH.jsonl")
+    b.add_argument("--categories", default=None, help="comma list: only these categories")
+    b.add_argument("--n", type=int, default=5, help="at most N prompts per category (default 5)")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    b.add_argument("--top-k", type=int, default=0)
+    b.add_argument("--top-p", type=float, default=1.0)
+    b.add_argument("--min-p", type=float, default=0.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
+    b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--num-draft-tokens", type=int, default=5, help="k, also used in the bound")
+    b.add_argument("--draft-confidence", type=float, default=0.0)
+    b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
+    b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    b.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
+                   help="apply the target's chat template (auto: when it has one)")
+    b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--out", default=None, help="output directory (default bench-<date>-<time>)")
+    b.add_argument("--json", action="store_true",
+                   help="no progress lines; print results.json to stdout")
+    b.set_defaults(func=cmd_bench)
+
+
+def settings_from_args(args):
+    from ..errors import AnydraftError
+    from ..models.loading import parse_dtype
+    from .runner import BenchSettings, parse_methods
+
+    if args.n < 1:
+        raise AnydraftError(f"--n must be >= 1 (prompts per category), got {args.n}")
+    if args.repeats < 1:
+        raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.max_new_tokens < 1:
+        raise AnydraftError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not 1 <= args.num_draft_tokens <= 64:
+        raise AnydraftError(f"--num-draft-tokens must be in 1..64, got {args.num_draft_tokens}")
+    if args.baseline == "hf" and not args.drafter:
+        raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
+    parse_dtype(args.dtype)
+    if args.drafter_dtype is not None:
+        parse_dtype(args.drafter_dtype)
+    from ..sampling import SamplingParams
+
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    text = args.methods if args.methods is not None else ("ar,auto" if args.drafter else "ar")
+    methods = parse_methods(text, has_drafter=bool(args.drafter))
+    drafters = list(dict.fromkeys(args.drafter))
+    return BenchSettings(
+        target=args.target, drafters=drafters, methods=methods, baseline_hf=args.baseline == "hf",
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, seed=args.seed, dtype=args.dtype,
+        drafter_dtype=args.drafter_dtype, device=args.device,
+        num_draft_tokens=args.num_draft_tokens, draft_confidence=args.draft_confidence,
+        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
+
+
+def command_line(args) -> str:
+    """The exact command when run as `anydraft bench ...`; else the same run spelled out."""
+    if sys.argv[1:2] == ["bench"]:
+        return shlex.join(["anydraft", *sys.argv[1:]])
+    parts = ["anydraft", "bench"]
+    for key, value in vars(args).items():
+        if key in ("command", "func") or value in (None, False, []):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, list):
+            for v in value:
+                parts += [flag, str(v)]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from ..errors import AnydraftError
+    from .datasets import load_dataset
+    from .report import build_meta, mismatches, write_results, write_summary
+    from .runner import run_bench
+
+    settings = settings_from_args(args)
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    prompts = load_dataset(args.dataset, categories, args.n)
+    out = Path(args.out or datetime.datetime.now().strftime("bench-%Y%m%d-%H%M%S"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AnydraftError(f"cannot create --out directory {out}: {exc}") from exc
+
+    def say(msg):
+        if not args.json:
+            print(msg, file=sys.stderr, flush=True)
+
+    say(f"bench: {len(prompts)} prompts x {len(settings.methods)} methods "
+        f"x {max(1, len(settings.drafters))} drafter(s), {settings.repeats} repeat(s) -> {out}")
+    rows = run_bench(settings, prompts, quiet=args.json)
+    meta = build_meta(settings, command_line(args), prompts, args.dataset)
+    results = write_results(out, meta, rows)
+    plots = []
+    if not args.no_plots:
+        from .plots import write_plots
+
+        plots = write_plots(out, rows, settings.num_draft_tokens)
+    summary = write_summary(out, meta, rows, plots)
+    if args.json:
+        print(results.read_text(encoding="utf-8"), end="")
+    else:
+        print(summary.read_text(encoding="utf-8"))
+        say(f"wrote {results}, {summary}" + "".join(f", {out / p}" for p in plots))
+    bad = [r for r in mismatches(rows) if r["method"] != "hf"]
+    if bad:
+        print(f"anydraft bench: GREEDY MISMATCH in {len(bad)} run(s): "
+              + ", ".join(f"{r['method']} <- {r['drafter']} on {r['prompt_id']}" for r in bad)
+              + f" (see {summary})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    """Run `bench` alone (for tests and scripts): `python -m anydraft.bench.cli --target ...`."""
+    from ..errors import AnydraftError
+
+    parser = argparse.ArgumentParser(prog="anydraft")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return args.func(args)
+    except AnydraftError as exc:
+        print(f"anydraft: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

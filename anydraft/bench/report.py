@@ -1,0 +1,196 @@
+"""What a benchmark leaves behind: results.json (meta + rows) and summary.md (the tables)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from .bound import per_token_acceptance, speedup_bound
+from .runner import median
+
+ROW_KEYS = (
+    "prompt_id", "category", "method", "drafter", "new_tokens", "seconds", "tokens_per_s",
+    "speedup_vs_ar", "speedup_vs_hf", "acceptance", "acceptance_per_token", "mean_accepted",
+    "draft_seconds", "target_seconds", "translate_seconds", "cost_ratio", "bound",
+    "identical_to_ar",
+)
+
+
+def machine_info(device: str = "cpu") -> dict:
+    import torch
+    import transformers
+
+    from .. import __version__ as anydraft_version
+
+    info = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
+        "python": platform.python_version(),
+        "versions": {"anydraft": anydraft_version, "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "git_commit": _git_commit(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _git_commit() -> str | None:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def build_meta(settings, command: str, prompts: list[dict], dataset: str) -> dict:
+    return {
+        "machine": machine_info(settings.device),
+        "command": command,
+        "settings": settings.to_dict() | {"dataset": dataset, "prompts": len(prompts),
+                                          "categories": sorted({p["category"] for p in prompts})},
+        "notes": list(settings.notes),
+    }
+
+
+def write_results(out_dir: Path, meta: dict, rows: list[dict]) -> Path:
+    path = out_dir / "results.json"
+    path.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def mismatches(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["identical_to_ar"] is False]
+
+
+def _label(row_or_key) -> str:
+    drafter, method = row_or_key
+    return method if drafter is None else f"{method} <- {drafter}"
+
+
+def aggregate(rows: list[dict], k: int) -> dict:
+    """Numbers of one group of rows (same method and drafter): see `write_summary`."""
+    drafted = sum(r["drafted"] or 0 for r in rows)
+    accepted = sum(r["accepted"] or 0 for r in rows)
+    calls = sum(r["target_calls"] or 0 for r in rows)
+    rate = accepted / drafted if drafted else None
+    a = per_token_acceptance(rate, k) if rate is not None else None
+    c = median(r["cost_ratio"] for r in rows)
+    identical = [r["identical_to_ar"] for r in rows if r["identical_to_ar"] is not None]
+    return {
+        "prompts": len(rows),
+        "identical": f"{sum(identical)}/{len(identical)}" if identical else "n/a",
+        "mismatch": identical.count(False),
+        "tokens_per_s": median(r["tokens_per_s"] for r in rows),
+        "speedup_vs_ar": median(r["speedup_vs_ar"] for r in rows),
+        "speedup_vs_hf": median(r["speedup_vs_hf"] for r in rows),
+        "acceptance": rate, "a": a,
+        "mean_accepted": sum(r["new_tokens"] for r in rows) / calls if calls else None,
+        "c": c,
+        "bound": speedup_bound(a, k, c) if a is not None and c is not None else None,
+    }
+
+
+def _fmt(v, spec=".2f", suffix="") -> str:
+    return "–" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _table(groups: dict, key_cols: list[str]) -> list[str]:
+    head = key_cols + ["prompts", "identical to AR", "median tok/s", "speedup vs AR",
+                       "speedup vs hf", "acceptance", "a (per token)", "tokens / target call",
+                       "c (draft/target step)", "bound S(a,k,c)", "measured / bound"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for key, g in groups.items():
+        ident = g["identical"] if not g["mismatch"] else f"**NO: {g['identical']}**"
+        ratio = (g["speedup_vs_ar"] / g["bound"]) if g["bound"] and g["speedup_vs_ar"] else None
+        cells = list(key) + [
+            str(g["prompts"]), ident, _fmt(g["tokens_per_s"], ".1f"),
+            _fmt(g["speedup_vs_ar"], ".2f", "x"), _fmt(g["speedup_vs_hf"], ".2f", "x"),
+            _fmt(g["acceptance"], ".3f"), _fmt(g["a"], ".3f"), _fmt(g["mean_accepted"], ".2f"),
+            _fmt(g["c"], ".3f"), _fmt(g["bound"], ".2f", "x"), _fmt(ratio, ".2f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def group_rows(rows: list[dict], by_category: bool) -> dict:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["category"],) if by_category else ()
+        groups.setdefault(key + (_label((r["drafter"], r["method"])),), []).append(r)
+    return groups
+
+
+def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str]) -> Path:
+    s = meta["settings"]
+    k = s["num_draft_tokens"]
+    m = meta["machine"]
+    sampling = ("greedy" if s["temperature"] == 0 else
+                f"temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}, "
+                f"min-p {s['min_p']}, seed {s['seed']}")
+    lines = [
+        f"# anydraft bench: {s['target']} <- {', '.join(s['drafters']) or '(no drafter)'}",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs "
+        f"({m['torch_threads']} torch threads), device {m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}",
+        f"- versions: anydraft {m['versions']['anydraft']} ({m['git_commit'] or 'no git'}), "
+        f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}, "
+        f"Python {m['python']}; {m['date']}",
+        f"- settings: dataset {s['dataset']} ({s['prompts']} prompts: {', '.join(s['categories'])}), "
+        f"{sampling}, {s['max_new_tokens']} new tokens, dtype {s['dtype']}"
+        f"{', drafter ' + s['drafter_dtype'] if s['drafter_dtype'] else ''}, k = {k} draft tokens, "
+        f"chat template {s['chat']}, {s['repeats']} repeat(s) (median), warm-up {'on' if s['warmup'] else 'off'}",
+        "",
+    ]
+    bad = mismatches(rows)
+    if bad:
+        lines += ["## !!! GREEDY MISMATCH: output differs from plain decoding (AR) !!!", "",
+                  "A lossless method must reproduce AR token for token under greedy decoding. "
+                  "These runs did not:", ""]
+        lines += [f"- **{_label((r['drafter'], r['method']))}** on `{r['prompt_id']}` "
+                  f"({r['category']})" for r in bad]
+        lines.append("")
+    lines += ["## Per method (all prompts)", ""]
+    lines += _table({key: aggregate(v, k) for key, v in group_rows(rows, False).items()}, ["method"])
+    lines += ["", "## Per category and method", ""]
+    lines += _table({key: aggregate(v, k) for key, v in sorted(group_rows(rows, True).items(), key=lambda kv: kv[0][0])},
+                    ["category", "method"])
+    lines += [""]
+    if meta["notes"]:
+        lines += ["## Notes", ""] + [f"- {n}" for n in meta["notes"]] + [""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    lines += [
+        "## How to read this", "",
+        "- speedup vs AR / vs hf: per prompt, tokens/s of the method divided by tokens/s of "
+        "plain decoding (AR) / of transformers' assisted generation (hf) on the same prompt "
+        "(= AR seconds / method seconds when both produce the same tokens); the median over "
+        "prompts is shown.",
+        "- acceptance: accepted / drafted draft tokens, pooled over the group's prompts. "
+        "a (per token): the per-token acceptance probability that gives this rate when each "
+        f"round drafts k = {k} tokens and stops at the first rejection: "
+        "rate = a (1 - a^k) / (k (1 - a)).",
+        "- tokens / target call: new tokens / target forward passes (1.00 for AR).",
+        "- c: (draft seconds / drafter forward calls) / (AR target seconds / AR target calls on "
+        "the same prompt); median over prompts. Prefills are folded into both.",
+        "- bound S(a,k,c) = (1 - a^(k+1)) / ((1 - a)(k c + 1)), the analytic speedup of "
+        "speculative decoding (ALGORITHMS.md section 0). It ignores that verifying k+1 tokens "
+        "costs more than one plain step and all translation/sync overhead, so measured / bound "
+        "is normally below 1.",
+        "",
+    ]
+    path = out_dir / "summary.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

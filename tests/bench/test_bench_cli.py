@@ -1,0 +1,160 @@
+"""`anydraft bench` end to end on tiny random models saved to directories (3-prompt dataset)."""
+
+import json
+import shutil
+
+import pytest
+
+from anydraft.bench.report import ROW_KEYS
+from anydraft.cli import main
+from tests.helpers import byte_tokenizer, tiny_llama
+
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_models")
+    tok = byte_tokenizer()
+    for name, seed in (("target", 0), ("drafter", 1)):
+        tiny_llama(len(tok), seed=seed).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    # a drafter with the target's own weights: accepts everything (a = 1)
+    shutil.copytree(root / "target", root / "twin")
+    data = root / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "c1", "category": "code", "prompt": "def f(x):"},
+        {"id": "t1", "category": "text", "prompt": "the quick brown fox"},
+        {"question_id": 7, "category": "text", "turns": ["hello world", "again"]},
+    ]) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out")
+    rc = main(["bench", "--target", str(models / "target"), "--drafter", str(models / "drafter"),
+               "--drafter", str(models / "twin"), "--methods", "ar,sd,slem,auto",
+               "--baseline", "hf", "--dataset", str(models / "prompts.jsonl"),
+               "--max-new-tokens", str(MAX_NEW), "--no-warmup", "--out", str(out)])
+    return rc, out, json.loads((out / "results.json").read_text())
+
+
+def test_exit_status_and_files(run):
+    rc, out, _ = run
+    assert rc == 0
+    for name in ("results.json", "summary.md", "speedup_by_category.png",
+                 "measured_vs_bound.png", "accepted_hist.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "speedup_by_category.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_schema(run, models):
+    _, _, res = run
+    meta = res["meta"]
+    assert {"machine", "command", "settings", "notes"} <= set(meta)
+    assert {"platform", "cpu_count", "versions", "date"} <= set(meta["machine"])
+    assert meta["command"].startswith("anydraft bench --target")
+    assert meta["settings"]["max_new_tokens"] == MAX_NEW
+    assert meta["settings"]["methods"] == ["ar", "sd", "slem", "auto"]
+    for row in res["results"]:
+        assert set(ROW_KEYS) <= set(row), set(ROW_KEYS) - set(row)
+
+
+def test_one_row_per_prompt_method_drafter(run, models):
+    _, _, res = run
+    keys = [(r["prompt_id"], r["method"], r["drafter"]) for r in res["results"]]
+    assert len(keys) == len(set(keys))
+    drafters = [str(models / "drafter"), str(models / "twin")]
+    expected = {(p, "ar", None) for p in ("c1", "t1", "7")}
+    expected |= {(p, m, d) for p in ("c1", "t1", "7") for m in ("sd", "slem", "auto", "hf")
+                 for d in drafters}
+    assert set(keys) == expected
+
+
+def test_speedups_come_from_the_same_prompt(run):
+    _, _, res = run
+    ar = {r["prompt_id"]: r for r in res["results"] if r["method"] == "ar"}
+    for r in res["results"]:
+        base = ar[r["prompt_id"]]
+        assert r["new_tokens"] == base["new_tokens"]  # greedy: same tokens
+        assert r["speedup_vs_ar"] == pytest.approx(base["seconds"] / r["seconds"], rel=1e-9)
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
+
+
+def test_greedy_identical_to_ar(run):
+    _, _, res = run
+    assert all(r["identical_to_ar"] is True for r in res["results"])
+
+
+def test_acceptance_bound_and_cost_ratio(run, models):
+    _, _, res = run
+    twin = [r for r in res["results"] if r["drafter"] == str(models / "twin") and r["method"] == "sd"]
+    for r in twin:
+        # the target's own weights as drafter: every draft the output needed was accepted
+        # (the loop counts drafts past max_new_tokens as drafted, so the rate is not 1.0)
+        assert r["acceptance"] > 0.5 and r["mean_accepted"] > 1
+        k, c, a = r["num_draft_tokens"], r["cost_ratio"], r["acceptance_per_token"]
+        assert c > 0 and r["bound"] == pytest.approx(
+            (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1)))
+    for r in res["results"]:
+        if r["method"] in ("ar", "hf"):
+            assert r["bound"] is None and r["cost_ratio"] is None
+        else:
+            assert r["bound"] is not None and 0 <= r["acceptance"] <= 1
+    hf = [r for r in res["results"] if r["method"] == "hf"]
+    assert all(r["speedup_vs_hf"] == pytest.approx(1.0) for r in hf)
+
+
+def test_summary_tables(run):
+    _, out, res = run
+    text = (out / "summary.md").read_text()
+    assert res["meta"]["command"] in text
+    assert "## Per method (all prompts)" in text and "## Per category and method" in text
+    assert "bound S(a,k,c)" in text and "speedup vs hf" in text and "c (draft/target step)" in text
+    assert "GREEDY MISMATCH" not in text
+    assert "| code | ar |" in text and "| text | sd <- " in text
+
+
+def test_json_mode_prints_results_and_no_progress(models, tmp_path, capsys):
+    rc = main(["bench", "--target", str(models / "target"), "--dataset", str(models / "prompts.jsonl"),
+               "--categories", "code", "--max-new-tokens", "4", "--no-warmup", "--no-plots",
+               "--json", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    res = json.loads(captured.out)
+    assert [(r["prompt_id"], r["method"]) for r in res["results"]] == [("c1", "ar")]
+    assert "[1/1]" not in captured.err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--methods", "ar,bogus"], "unknown method 'bogus'"),
+    (["--methods", "ar,slem"], "needs a drafter"),
+    (["--n", "0"], "--n must be >= 1"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--dataset", "/nonexistent/prompts.jsonl"], "neither 'builtin', 'spec-bench' nor an existing"),
+    (["--categories", "nope"], "unknown category nope"),
+    (["--baseline", "hf"], "--baseline hf needs a drafter"),
+])
+def test_clear_errors_before_loading_models(tmp_path, capsys, extra, message):
+    rc = main(["bench", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "o"),
+               *extra])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_slrs_only_when_implemented(tmp_path, capsys, monkeypatch):
+    from anydraft import methods
+
+    monkeypatch.setattr(methods, "METHODS", tuple(m for m in methods.METHODS if m != "slrs"))
+    rc = main(["bench", "--target", "x", "--drafter", "y", "--methods", "ar,slrs"])
+    assert rc == 2
+    assert "'slrs' is not implemented" in capsys.readouterr().err
+
+
+def test_empty_dataset(tmp_path, capsys):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    rc = main(["bench", "--target", "x", "--dataset", str(empty), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()  # nothing written for a run that cannot start
+    assert rc == 2 and "has no prompts" in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""The analytic bound and the quantities derived for it, against hand-computed values."""
+
+import pytest
+
+from anydraft.bench.bound import (
+    accepted_fraction,
+    cost_ratio,
+    expected_tokens_per_round,
+    per_token_acceptance,
+    speedup_bound,
+)
+
+
+@pytest.mark.parametrize("a,k,c,expected", [
+    (0.0, 5, 0.0, 1.0),  # nothing accepted, free drafter: one token per pass
+    (0.5, 1, 0.0, 1.5),  # (1 - 0.25) / 0.5
+    (0.5, 2, 0.0, 1.75),  # (1 - 0.125) / 0.5
+    (0.8, 4, 0.05, (1 - 0.8**5) / (0.2 * 1.2)),  # 3.3616 / 1.2 = 2.80133...
+    (0.5, 1, 1.0, 0.75),  # drafter as dear as the target: 1.5 / 2
+    (1.0, 5, 0.1, 4.0),  # all accepted: (k + 1) / (k c + 1) = 6 / 1.5
+])
+def test_speedup_bound_hand_values(a, k, c, expected):
+    assert speedup_bound(a, k, c) == pytest.approx(expected, rel=1e-12)
+
+
+def test_bound_examples_written_out():
+    assert speedup_bound(0.8, 4, 0.05) == pytest.approx(2.801333333, rel=1e-9)
+    assert expected_tokens_per_round(0.6, 3) == pytest.approx(1 + 0.6 + 0.36 + 0.216)
+
+
+def test_any_a_above_c_speeds_up_at_k1():
+    for a, c in [(0.3, 0.29), (0.6, 0.5), (0.9, 0.1)]:
+        assert speedup_bound(a, 1, c) > 1
+        assert speedup_bound(c * 0.99, 1, c) < 1
+
+
+@pytest.mark.parametrize("bad", [dict(a=-0.1, k=3, c=0.1), dict(a=1.1, k=3, c=0.1),
+                                 dict(a=0.5, k=0, c=0.1), dict(a=0.5, k=3, c=-1)])
+def test_bound_rejects_bad_inputs(bad):
+    with pytest.raises(ValueError):
+        speedup_bound(**bad)
+
+
+def test_per_token_acceptance_inverts_the_accepted_fraction():
+    # a = 0.5, k = 2: rounds accept 0, 1 or 2 tokens with prob 0.5, 0.25, 0.25 -> 0.75 of 2
+    assert accepted_fraction(0.5, 2) == pytest.approx(0.375)
+    assert per_token_acceptance(0.375, 2) == pytest.approx(0.5, abs=1e-8)
+    for a in (0.05, 0.3, 0.77, 0.99):
+        for k in (1, 3, 8):
+            assert per_token_acceptance(accepted_fraction(a, k), k) == pytest.approx(a, abs=1e-7)
+    assert per_token_acceptance(0.0, 5) == 0.0
+    assert per_token_acceptance(1.0, 5) == 1.0
+    assert per_token_acceptance(0.4, 1) == 0.4
+
+
+def test_cost_ratio_definition():
+    # drafter: 0.2 s over 40 calls = 5 ms; target in AR: 1.0 s over 20 calls = 50 ms -> 0.1
+    assert cost_ratio(0.2, 40, 1.0, 20) == pytest.approx(0.1)
+    assert cost_ratio(0.2, 0, 1.0, 20) is None
+    assert cost_ratio(0.2, 40, 0.0, 0) is None
