@@ -30,6 +30,7 @@ class DecodeState:
     params: SamplingParams
     generator: torch.Generator
     stats: Stats = field(default_factory=Stats)
+    budget: int = 1  # new tokens still wanted (set by the loop before each step)
 
     @property
     def pending(self) -> list[int]:
@@ -77,6 +78,7 @@ def decode(
         if len(state.committed) >= state.target.max_length:
             finish.reason = "context"
             break
+        state.budget = max_new_tokens - generated
         new, n_accepted = method.step(state)
         assert new, f"method {method.name} committed nothing"
         kept = []

@@ -60,5 +60,7 @@ class Pairing:
 
 
 def room(state) -> int:
-    """How many candidates the target's context window still has space for."""
-    return max(0, state.target.max_length - len(state.committed) - 1)
+    """How many candidates are worth offering: the target's context window must hold them,
+    and one token of the step is always the target's own, so drafts beyond the remaining
+    budget minus one would be thrown away."""
+    return max(0, min(state.target.max_length - len(state.committed), state.budget) - 1)

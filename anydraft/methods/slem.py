@@ -27,7 +27,7 @@ class StringLevelExactMatch:
         pairing, params = self.pairing, state.params
         dtable, ttable = pairing.drafter_table, pairing.target_table
         drafts, _ = self.drafter.propose(
-            pairing.num_draft_tokens, params.probs, params.greedy, state.generator,
+            min(pairing.num_draft_tokens, room(state)), params.probs, params.greedy, state.generator,
             pairing.confidence, dtable.eos_ids)
         ends = bool(drafts) and drafts[-1] in dtable.eos_ids
         with state.stats.timed("translate"):

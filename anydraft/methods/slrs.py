@@ -142,7 +142,7 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
         if state.params.greedy:
             return super().step(state)
         pairing, params, gen = self.pairing, state.params, state.generator
-        drafts, qs = self.drafter.propose(pairing.num_draft_tokens, params.probs, False, gen,
+        drafts, qs = self.drafter.propose(min(pairing.num_draft_tokens, room(state)), params.probs, False, gen,
                                           pairing.confidence, pairing.drafter_table.eos_ids)
         with state.stats.timed("translate"):
             candidates = self._munch(drafts)[: room(state)]

@@ -37,6 +37,8 @@ class FastRNG:
     def sample(self, probs):
         key = id(probs)
         if key not in self._cdf or self._cdf[key][0] is not probs:
+            if len(self._cdf) > 8:  # residuals are one-off tensors: keep only a few CDFs
+                self._cdf.clear()
             self._cdf[key] = (probs, np.cumsum(probs.double().numpy()))
         cdf = self._cdf[key][1]
         return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1))

@@ -1,0 +1,147 @@
+"""One generation at a time per `Decoder`: a bounded, fair queue feeding worker threads.
+
+A `Decoder` is CPU-bound and not thread-safe, so each worker thread owns one. Jobs wait in
+per-client FIFOs that are served round-robin, so one client sending many requests cannot
+starve another. The worker reports back to the event loop through the job's asyncio queue;
+the handler sets `job.cancelled` when its client goes away, and the job's work function
+checks it between text deltas, so the worker is free again within one decoding step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"server busy: try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class SchedulerClosed(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's generation. ``work(decoder, job)`` runs in a worker thread."""
+
+    work: Callable
+    loop: asyncio.AbstractEventLoop
+    client: str = "-"
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    checked_at: float = 0.0  # loop time of the handler's last check that the client is there
+
+    def emit(self, kind: str, payload=None) -> None:
+        """Thread-safe: hand an event to the request handler on the event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed (shutdown): nobody is listening
+            pass
+
+
+class Scheduler:
+    def __init__(self, decoders: list, max_queue: int):
+        if not decoders:
+            raise ValueError("need at least one decoder")
+        self.decoders = decoders
+        self.max_queue = max_queue
+        self._cond = threading.Condition()
+        self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
+        self._waiting = 0
+        self._active = 0
+        self._closed = False
+        self._mean_seconds = 1.0  # running mean of job duration, for Retry-After
+        self._threads = [
+            threading.Thread(target=self._worker, args=(dec,), name=f"anydraft-worker-{i}", daemon=True)
+            for i, dec in enumerate(decoders)
+        ]
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            leftovers = [job for q in self._queues.values() for job in q]
+            self._queues.clear()
+            self._waiting = 0
+            self._cond.notify_all()
+        for job in leftovers:
+            job.cancelled.set()
+            job.emit("error", SchedulerClosed("server is shutting down"))
+        for t in self._threads:
+            t.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` or raise `QueueFull` (all workers busy and ``max_queue`` jobs waiting)."""
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("server is shutting down")
+            if self._waiting + self._active >= self.max_queue + len(self.decoders):
+                # jobs ahead of a retry, spread over the workers, at the mean job duration
+                ahead = (self._waiting + 1) / len(self.decoders)
+                raise QueueFull(max(1, min(60, math.ceil(ahead * self._mean_seconds))))
+            self._queues.setdefault(job.client, deque()).append(job)
+            self._waiting += 1
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone: drop ``job`` from the queue, or stop it at its next delta."""
+        job.cancelled.set()
+        with self._cond:
+            q = self._queues.get(job.client)
+            if q is not None and job in q:
+                q.remove(job)
+                self._waiting -= 1
+                if not q:
+                    del self._queues[job.client]
+
+    def _next_job(self) -> Job:
+        client, q = next(iter(self._queues.items()))
+        job = q.popleft()
+        del self._queues[client]
+        if q:  # round-robin: this client goes to the back of the line
+            self._queues[client] = q
+        self._waiting -= 1
+        return job
+
+    def _worker(self, decoder) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = self._next_job()
+                self._active += 1
+            start = time.perf_counter()
+            try:
+                if not job.cancelled.is_set():
+                    job.started_at = start
+                    job.work(decoder, job)
+            except BaseException as exc:  # noqa: BLE001 - a job must never take the worker down
+                job.emit("error", exc)
+            finally:
+                elapsed = time.perf_counter() - start
+                with self._cond:
+                    self._active -= 1
+                    self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed

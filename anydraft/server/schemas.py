@@ -1,0 +1,143 @@
+"""Request bodies of the OpenAI endpoints, validated strictly (no type coercion).
+
+Unsupported OpenAI features are rejected with a message rather than silently ignored;
+unknown fields are ignored, as clients send many optional ones.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_TOKENS_CAP = 1_000_000  # a static sanity bound; the context window is checked per request
+MAX_STOP = 4
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model: str = Field(min_length=1, max_length=512)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)  # extension (vLLM-style)
+    min_p: float | None = Field(None, ge=0, lt=1)  # extension
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    n: int | None = Field(None, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(None, max_length=512)
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.n not in (None, 1):
+            raise ValueError("n: only n=1 is supported")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise ValueError(f"{name}: penalties are not supported (they would change the "
+                                 "target distribution); leave it out or pass 0")
+        if self.logit_bias:
+            raise ValueError("logit_bias: not supported; leave it out")
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"stop: at most {MAX_STOP} stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop: stop sequences must be non-empty strings")
+        if any(len(s) > 1000 for s in stops):
+            raise ValueError("stop: a stop sequence may be at most 1000 characters")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = Field(None, max_length=256)
+
+    def as_template_message(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        # chat templates know "system"; OpenAI's newer "developer" role means the same thing
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    response_format: dict | None = None
+
+    @model_validator(mode="after")
+    def _chat_supported(self):
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs: not supported")
+        for name in ("tools", "tool_choice", "functions", "function_call"):
+            if getattr(self, name):
+                raise ValueError(f"{name}: tool calling is not supported")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("response_format: only {'type': 'text'} is supported")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _completion_supported(self):
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError("prompt: give one string (batched prompts are not supported)")
+        if self.echo:
+            raise ValueError("echo: not supported")
+        if self.suffix:
+            raise ValueError("suffix: not supported")
+        if self.logprobs is not None:
+            raise ValueError("logprobs: not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of: only best_of=1 is supported")
+        return self
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
