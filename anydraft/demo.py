@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from .errors import AnydraftError
 from .models import catalog
 from .prompts import builtin_prompts
 
@@ -11,16 +12,19 @@ from .prompts import builtin_prompts
 def run_demo(args) -> int:
     from .decoder import Decoder
 
+    if args.n < 1 or args.max_new_tokens < 1:
+        raise AnydraftError("--n and --max-new-tokens must be at least 1")
+
     for name in (args.target, args.drafter):
         if name in catalog.CATALOG and not catalog.CATALOG[name].installed:
             catalog.install(name, progress=lambda m: print(m, file=sys.stderr))
     dec = Decoder(target=args.target, drafter=args.drafter, method=args.method,
-                  progress=lambda m: print(m, file=sys.stderr))
+                  drafter_dtype=args.drafter_dtype, progress=lambda m: print(m, file=sys.stderr))
     prompts = [p for p in builtin_prompts() if p["category"] == "code"][: max(1, args.n // 2)]
     prompts += [p for p in builtin_prompts() if p["category"] != "code"][: args.n - len(prompts)]
     methods = ["ar"] if dec.drafter is None else ["ar", dec.method]
-    print(f"target {args.target}, drafter {args.drafter}, method {args.method}, "
-          f"greedy, {args.max_new_tokens} new tokens, float32\n")
+    print(f"target {args.target} (float32), drafter {args.drafter} ({args.drafter_dtype}), "
+          f"method {args.method}, greedy, {args.max_new_tokens} new tokens\n")
     header = f"| {'prompt':<12} | {'method':<6} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")

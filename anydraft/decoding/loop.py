@@ -1,7 +1,8 @@
 """The one decoding loop every method plugs into.
 
-A method is an object with ``name``, ``start(state)`` and ``step(state) -> (tokens, n_accepted)``:
-each step commits one or more target tokens, the first ``n_accepted`` of them accepted drafts, exactly as plain sampling from the target's processed
+A method is an object with ``name``, ``start(state)`` and
+``step(state) -> (tokens, n_accepted)``: each step commits one or more target tokens, the
+first ``n_accepted`` of them accepted drafts, exactly as plain sampling from the target's processed
 distribution would have produced them (that is each method's lossless contract). Plain
 autoregressive decoding is the method that proposes nothing. The loop owns stopping
 (max_new_tokens, every EOS id, stop strings, context window) and the statistics.

@@ -35,9 +35,10 @@ class StringLevelExactMatch:
             candidates = continue_tokens(ttable, state.committed, text)
             if ends:
                 candidates.append(ttable.eos_id)
-            # a candidate that is only a prefix of a longer target token costs nothing to
-            # keep: if the target disagrees, its own token is emitted at that position anyway
             candidates = candidates[: room(state)]
+        # The last candidate may be a prefix of a longer target token (the draft ended
+        # mid-word). Keeping it costs nothing: if the target disagrees, its own token is
+        # emitted at that position anyway (bridge.stable_prefix_len is not needed here).
         logits = state.score(candidates)
         n, token = verify_exact(logits, candidates, params, state.generator)
         state.target.rollback(len(state.committed) + n)

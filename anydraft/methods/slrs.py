@@ -3,8 +3,8 @@
 After Timor et al. (ICML 2025), "SLRS". The paper accepts a target token t with probability
 min(1, p(t)/psi(t)), psi(t) = probability that the drafter's string starts with text(t), summed
 over every drafter spelling. Because several target tokens can be prefixes of one drafted
-string, psi is not a distribution over target tokens; we use the equivalent construction the
-issue allows, which needs no spelling lattice at all.
+string, psi is not a distribution over target tokens; we use an equivalent construction that
+works byte by byte and needs no spelling lattice at all.
 
 Derivation
 ----------
@@ -61,6 +61,7 @@ import torch
 from ..sampling import bernoulli, sample
 from .pairing import Pairing, room
 from .slem import StringLevelExactMatch
+from .verify import sample_residual
 
 END, EOS, SPECIAL, NOMATCH = 256, 257, 258, 259
 OUTCOMES = 260
@@ -241,10 +242,7 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
             child = np.subtract(*self.target_trie.child_spans(x)[::-1]) > 0
             q_out, o = _map_outcomes(q_dist, outcome, child, x)
             if not bernoulli(p_out[o] / q_out[o], gen):
-                residual = np.maximum(p_out - q_out, 0.0)
-                if residual.sum() <= 0:
-                    residual = p_out
-                o = sample(torch.from_numpy(residual / residual.sum()), gen)
+                o = sample_residual(torch.from_numpy(p_out), torch.from_numpy(q_out), gen)
                 out.append(self._emit(masses, x, o, gen))
                 return out, _agreed(out, candidates)
             if o < 256:  # continue the token

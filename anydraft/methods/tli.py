@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from ..errors import AnydraftError
 from .pairing import Pairing, room
 from .verify import verify_exact, verify_rejection
 
@@ -24,6 +25,8 @@ class TokenLevelIntersection:
     def start(self, state) -> None:
         self.drafter = self.pairing.new_drafter(state, same_ids=False)
         self.map = self.pairing.intersection
+        if self.map.size == 0:
+            raise AnydraftError("these two tokenizers share no token: use method 'slem' or 'slrs'")
         self.mapped = self.map.drafter_mask.nonzero().flatten()  # drafter ids inside the map
 
     def _restricted(self, params):

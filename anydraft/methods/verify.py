@@ -45,8 +45,13 @@ def verify_rejection(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int]
         assert qx > 0, "a candidate must have positive proposal probability"
         if bernoulli(px / qx, generator):
             continue
-        residual = torch.clamp(p[i] - q[i], min=0)
-        if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had ~zero chance
-            residual = p[i]
-        return i, sample(residual / residual.sum(), generator)
+        return i, sample_residual(p[i], q[i], generator)
     return len(candidates), sample(p[len(candidates)], generator)
+
+
+def sample_residual(p: torch.Tensor, q: torch.Tensor, generator) -> int:
+    """Draw from max(0, p - q) / Z: what makes a rejection step emit exactly p."""
+    residual = torch.clamp(p - q, min=0)
+    if float(residual.sum()) <= 0:  # p == q up to rounding: rejection had ~zero chance
+        residual = p
+    return sample(residual / residual.sum(), generator)

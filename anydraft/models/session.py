@@ -4,7 +4,7 @@ A session owns the KV cache of one sequence. Everything above the models layer t
 model only through these three operations, so another backend (llama.cpp, a compiled static
 cache) fits without touching the layers above:
 
-- ``feed(ids, rows)``: append ``ids`` and return float32 logits for the last ``rows`` of them,
+- ``feed(ids, rows)``: append ``ids`` and return float32 CPU logits for the last ``rows`` of them,
   i.e. the next-token distributions at positions ``len - rows + 1 .. len`` after the call.
 - ``rollback(n)``: forget every position ``>= n``.
 - ``len(session)``: number of positions in the cache.
@@ -67,7 +67,7 @@ class HFSession:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=rows)
         self._length += n
-        return out.logits[0, -rows:].float()
+        return out.logits[0, -rows:].float().cpu()
 
     def rollback(self, n: int) -> None:
         assert 0 <= n <= self._length, (n, self._length)

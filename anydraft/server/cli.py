@@ -12,13 +12,9 @@ def register(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, "
                                    "/health and /metrics with speculative decoding.")
-    s.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
-    s.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
-    s.add_argument("--method", default="auto", help="ar | sd | slem | tli | auto")
-    s.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
-    s.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
-    s.add_argument("--num-draft-tokens", type=int, default=5)
-    s.add_argument("--draft-confidence", type=float, default=0.0)
+    from ..cli import add_model_options
+
+    add_model_options(s)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback; anything else is reachable by others)")
     s.add_argument("--port", type=int, default=8000)
@@ -64,9 +60,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "anyone who can reach this machine can use the server"
               + ("" if api_key else " (and no --api-key is set)"), file=sys.stderr, flush=True)
 
-    import uvicorn
+    try:
+        import uvicorn
 
-    from .app import ServerConfig, create_app
+        from .app import ServerConfig, create_app
+    except ImportError as exc:
+        raise AnydraftError(
+            f"anydraft serve needs the server extra ({exc.name} is missing): "
+            "pip install 'anydraft[server]'") from exc
     from .workers import build_decoders
 
     decoders = build_decoders(args)
