@@ -8,7 +8,8 @@ ALL_MODELS := smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 .PHONY: demo test install lint clean-venv
 
 $(BIN)/python:
-	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	@command -v $(PY) >/dev/null || { echo "anydraft needs Python 3.11 ($(PY) not found): set PY=/path/to/python3.11"; exit 1; }
+	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 install: $(BIN)/python
@@ -23,7 +24,7 @@ demo: install
 test: install
 	$(BIN)/anydraft models install $(ALL_MODELS)
 	$(BIN)/ruff check anydraft tests
-	ANYDRAFT_REQUIRE_MODELS=1 $(BIN)/python -m pytest -q
+	ANYDRAFT_REQUIRE_MODELS=1 $(BIN)/python -m pytest -q --durations=15
 
 lint: install
 	$(BIN)/ruff check anydraft tests
