@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -80,28 +79,33 @@ def _median_run(runs: list[dict]) -> dict:
 
 
 class Progress:
-    """One stderr line per timed run, with an ETA; silent when ``quiet``."""
+    """A tqdm progress bar over the timed runs (ETA included) on stderr; silent when ``quiet``."""
 
     def __init__(self, total: int, quiet: bool = False, stream=None):
-        self.total, self.done, self.quiet = total, 0, quiet
-        self.stream = stream or sys.stderr
-        self.start = time.perf_counter()
+        from tqdm import tqdm
+
+        self.quiet = quiet
+        self.bar = tqdm(total=total, file=stream or sys.stderr, disable=quiet, unit="run",
+                        dynamic_ncols=True)
+
+    @property
+    def total(self) -> int:
+        return self.bar.total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        self.bar.total = value
+        self.bar.refresh()
 
     def note(self, msg: str) -> None:
         if not self.quiet:
-            print(msg, file=self.stream, flush=True)
+            self.bar.write(msg, file=self.bar.fp)
 
     def step(self, msg: str) -> None:
-        self.done += 1
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done)
-        width = len(str(self.total))
-        self.note(f"[{self.done:>{width}}/{self.total}] {msg}  (elapsed {_clock(elapsed)}, ETA {_clock(eta)})")
-
-
-def _clock(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+        self.bar.set_postfix_str(msg, refresh=False)
+        self.bar.update(1)
+        if self.bar.n >= self.bar.total:
+            self.bar.close()
 
 
 def _use_chat(settings: BenchSettings, tokenizer) -> bool:
