@@ -19,7 +19,6 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
@@ -270,22 +269,6 @@ def _raw_backend(tj: dict):
     return (Tokenizer.from_str(json.dumps(tj)) if changed else None), dummy
 
 
-def _generation_config_eos(tokenizer) -> set[int]:
-    """EOS ids from a generation_config.json lying next to the tokenizer (no weights read)."""
-    name = getattr(tokenizer, "name_or_path", "") or ""
-    out: set[int] = set()
-    for cand in (
-        Path(name) / "generation_config.json",
-        Path(name).parent / "model" / "generation_config.json",
-    ):
-        try:
-            eos = json.loads(cand.read_text()).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        out.update(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
-    return out
-
-
 # Role tokens that end a turn in common chat formats: EOS-like wherever they exist.
 _EOS_SPELLINGS = ("<|im_end|>", "<|endoftext|>", "<eos>", "<end_of_turn>", "<|eot_id|>", "</s>")
 
@@ -355,7 +338,6 @@ def build_token_table(tokenizer) -> TokenTable:
     eos |= {
         by_spelling[s] for s in _EOS_SPELLINGS if s in by_spelling and by_spelling[s] in special
     }
-    eos |= {i for i in _generation_config_eos(tokenizer) if 0 <= i < len(tb)}
     return TokenTable(
         token_bytes=tuple(tb),
         kind=kind,

@@ -1,27 +1,26 @@
 """Greedy exactness on real models: every method's output is token-identical to plain greedy
 decoding of the target (float32), on Spec-Bench prompts of mixed categories, chat template."""
 
-import json
-from pathlib import Path
-
 import pytest
 
 from anydraft import Decoder
+from anydraft.bench.datasets import spec_bench_candidates
 from anydraft.models.loading import load_tokenizer
+from anydraft.prompts import builtin_prompts, load_jsonl
 
-SPEC_BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spec_bench_questions.jsonl"
 MAX_NEW = 48
 
 
-def spec_bench_prompts(n=10):
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"{SPEC_BENCH} not present")
-    rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
+def mixed_prompts(n=10):
+    """One Spec-Bench prompt per category (../shared/data); the package's own prompts when
+    that file is not beside this checkout, so the exactness test never silently skips."""
+    path = next((p for p in spec_bench_candidates() if p.is_file()), None)
+    rows = load_jsonl(path) if path else builtin_prompts()
     picked, seen = [], set()
-    for row in rows:  # one prompt per category, in file order, until n
-        if row["category"] not in seen:
+    for row in rows:
+        if row["category"] not in seen or not path:
             seen.add(row["category"])
-            picked.append(row["turns"][0])
+            picked.append(row["prompt"])
     return picked[:n]
 
 
@@ -37,7 +36,7 @@ PAIRS = [
 def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, methods):
     dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
                   drafter=real_model(drafter), drafter_tokenizer=load_tokenizer(drafter))
-    prompts = spec_bench_prompts()
+    prompts = mixed_prompts()
     assert len(prompts) == 10
     totals = dict.fromkeys(methods, 0)
     for prompt in prompts:
