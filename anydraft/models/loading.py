@@ -101,7 +101,9 @@ def load_tokenizer(spec: str):
             return AutoTokenizer.from_pretrained(tok_dir)
         tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
         _save_atomically(tok, tok_dir)
-        return tok
+        # read back what was saved: the first and every later load behave identically (the
+        # converted object and its saved form differ, e.g. in Qwen's NFC normalizer)
+        return AutoTokenizer.from_pretrained(tok_dir)
     try:
         return AutoTokenizer.from_pretrained(source.path)
     except OSError as exc:
