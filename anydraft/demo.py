@@ -28,7 +28,8 @@ def run_demo(args) -> int:
     header = f"| {'prompt':<12} | {'method':<6} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
-    dec.generate("Hello", max_new_tokens=2, method="ar")  # warm-up
+    for method in methods:  # warm-up: first forward passes read the weights from disk
+        dec.generate(prompts[0]["prompt"], max_new_tokens=4, method=method)
     for p in prompts:
         base = None
         for method in methods:
