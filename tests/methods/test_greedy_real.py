@@ -1,5 +1,6 @@
 """Greedy exactness on real models: every method's output is token-identical to plain greedy
-decoding of the target (float32), on Spec-Bench prompts of mixed categories, chat template."""
+decoding of the target (float32; the drafter in bfloat16), on Spec-Bench prompts of mixed
+categories, chat template."""
 
 import pytest
 
@@ -25,7 +26,7 @@ def mixed_prompts(n=10):
 
 
 PAIRS = [
-    ("qwen2.5-coder-0.5b", "smollm2-135m", ["slem", "tli", "slrs"]),
+    ("qwen2.5-coder-0.5b", "smollm2-135m", ["slem", "tli"]),  # greedy slrs is slem
     ("smollm2-135m", "gemma3-270m", ["slem", "tli"]),
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", ["sd"]),
 ]
@@ -34,8 +35,9 @@ PAIRS = [
 @pytest.mark.real
 @pytest.mark.parametrize("target,drafter,methods", PAIRS, ids=[f"{t}<-{d}" for t, d, _ in PAIRS])
 def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, methods):
+    # the drafter runs in bfloat16 (faster here): its dtype must never change the output
     dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
-                  drafter=real_model(drafter), drafter_tokenizer=load_tokenizer(drafter))
+                  drafter=real_model(drafter, "bfloat16"), drafter_tokenizer=load_tokenizer(drafter))
     prompts = mixed_prompts()
     assert len(prompts) == 10
     totals = dict.fromkeys(methods, 0)

@@ -35,8 +35,10 @@ class FastRNG:
         self._cdf = {}
 
     def sample(self, probs):
-        key = id(probs)
-        if key not in self._cdf or self._cdf[key][0] is not probs:
+        # keyed by memory, not object: p.expand(...)[i] is a new view of the same row every
+        # call. Entries hold their tensor, so an address cannot be reused while it is cached.
+        key = (probs.data_ptr(), tuple(probs.shape), tuple(probs.stride()))
+        if key not in self._cdf:
             if len(self._cdf) > 8:  # residuals are one-off tensors: keep only a few CDFs
                 self._cdf.clear()
             values = probs.double().numpy()
