@@ -19,6 +19,14 @@ def write_plots(out_dir: Path, rows: list[dict], k: int) -> list[str]:
     categories = list(dict.fromkeys(key[0] for key in by_cat))
     labels = [lab for lab in dict.fromkeys(key[1] for key in by_cat) if lab != "ar"]
 
+    def save(fig, ax, name: str, legend: bool) -> None:
+        if legend:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=120)
+        plt.close(fig)
+        names.append(name)
+
     # 1. speedup over AR by category and method
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(labels)) / 2), 4))
     width = 0.8 / max(1, len(labels))
@@ -30,12 +38,7 @@ def write_plots(out_dir: Path, rows: list[dict], k: int) -> list[str]:
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
     ax.set_ylabel("median speedup vs AR (x)")
     ax.set_title("Speedup over plain decoding by category")
-    if labels:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "speedup_by_category.png", dpi=120)
-    plt.close(fig)
-    names.append("speedup_by_category.png")
+    save(fig, ax, "speedup_by_category.png", bool(labels))
 
     # 2. measured speedup vs the analytic bound, one point per (category, method)
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -51,11 +54,7 @@ def write_plots(out_dir: Path, rows: list[dict], k: int) -> list[str]:
     ax.set_xlabel("analytic bound S(a, k, c) (x)")
     ax.set_ylabel("measured speedup vs AR (x)")
     ax.set_title("Measured speedup vs bound (per category)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "measured_vs_bound.png", dpi=120)
-    plt.close(fig)
-    names.append("measured_vs_bound.png")
+    save(fig, ax, "measured_vs_bound.png", True)
 
     # 3. distribution over prompts of tokens committed per target call
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -66,10 +65,5 @@ def write_plots(out_dir: Path, rows: list[dict], k: int) -> list[str]:
     ax.set_xlabel("tokens per target call (per prompt)")
     ax.set_ylabel("prompts")
     ax.set_title("Accepted tokens per target call")
-    if labels:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "accepted_hist.png", dpi=120)
-    plt.close(fig)
-    names.append("accepted_hist.png")
+    save(fig, ax, "accepted_hist.png", bool(labels))
     return names

@@ -64,3 +64,10 @@ def room(state) -> int:
     and one token of the step is always the target's own, so drafts beyond the remaining
     budget minus one would be thrown away."""
     return max(0, min(state.target.max_length - len(state.committed), state.budget) - 1)
+
+
+def close_step(state, candidates: list[int], n: int) -> None:
+    """After verification: the target's cache keeps the committed text and the ``n`` accepted
+    candidates (the step's own last token is fed next step); count what was offered."""
+    state.target.rollback(len(state.committed) + n)
+    state.stats.drafted += len(candidates)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .pairing import Pairing, room
+from .pairing import Pairing, close_step, room
 from .verify import verify_exact, verify_rejection
 
 
@@ -37,7 +37,6 @@ class SpeculativeSampling:
             for i, dist in enumerate(qs):
                 q[i, : dist.shape[0]] = dist
             n, token = verify_rejection(p, q, drafts, state.generator)
-        state.target.rollback(len(state.committed) + n)
-        state.stats.drafted += len(drafts)
+        close_step(state, drafts, n)
         self.drafter.sync_ids(n, [token])
         return drafts[:n] + [token], n

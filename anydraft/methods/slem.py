@@ -10,7 +10,7 @@ target's own sample), which makes the method lossless for greedy decoding and sa
 from __future__ import annotations
 
 from ..bridge.translate import continue_tokens
-from .pairing import Pairing, room
+from .pairing import Pairing, close_step, room
 from .verify import verify_exact
 
 
@@ -41,8 +41,7 @@ class StringLevelExactMatch:
         # emitted at that position anyway (bridge.stable_prefix_len is not needed here).
         logits = state.score(candidates)
         n, token = verify_exact(logits, candidates, params, state.generator)
-        state.target.rollback(len(state.committed) + n)
-        state.stats.drafted += len(candidates)
+        close_step(state, candidates, n)
         new = candidates[:n] + [token]
         self.drafter.sync_text(ttable.decode_bytes(new))
         return new, n

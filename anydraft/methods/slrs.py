@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from ..sampling import bernoulli, sample
-from .pairing import Pairing, room
+from .pairing import Pairing, close_step, room
 from .slem import StringLevelExactMatch
 from .verify import sample_residual
 
@@ -150,8 +150,7 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
         logits = state.score(candidates)
         with state.stats.timed("translate"):
             new, n = self._walk(drafts, qs, candidates, params.probs(logits), gen)
-        state.target.rollback(len(state.committed) + n)
-        state.stats.drafted += len(candidates)
+        close_step(state, candidates, n)
         self.drafter.sync_text(pairing.target_table.decode_bytes(new))
         return new, n
 

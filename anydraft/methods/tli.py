@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..errors import AnydraftError
-from .pairing import Pairing, room
+from .pairing import Pairing, close_step, room
 from .verify import verify_exact, verify_rejection
 
 
@@ -55,8 +55,7 @@ class TokenLevelIntersection:
             for i, dist in enumerate(qs):
                 q[i].index_add_(0, to_target[self.mapped], dist[self.mapped].to(p.dtype))
             n, token = verify_rejection(p, q, candidates, state.generator)
-        state.target.rollback(len(state.committed) + n)
-        state.stats.drafted += len(candidates)
+        close_step(state, candidates, n)
         new = candidates[:n] + [token]
         self.drafter.sync_text(pairing.target_table.decode_bytes(new))
         return new, n
