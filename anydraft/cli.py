@@ -28,9 +28,24 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="auto", help="ar | sd | slem | tli | slrs | auto")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
     p.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
-    p.add_argument("--num-draft-tokens", type=int, default=5)
+    add_backend_options(p)
+    add_draft_options(p)
+
+
+def add_draft_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-draft-tokens", type=int, default=5,
+                   help="draft length k (with adaptive drafting: the largest k it may choose)")
+    p.add_argument("--fixed-k", action="store_true",
+                   help="always draft --num-draft-tokens (default: adaptive, from measured costs)")
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="stop drafting when the drafter's top probability falls below this")
+
+
+def add_backend_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target-backend", default="torch", choices=("torch", "llamacpp"),
+                   help="torch (transformers, --dtype) or llamacpp (the GGUF as it is, quantized)")
+    p.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
+                   help="default: same as --target-backend")
 
 
 def _decoder(args):
@@ -44,7 +59,10 @@ def _decoder(args):
         drafter_dtype=args.drafter_dtype,
         num_draft_tokens=args.num_draft_tokens,
         draft_confidence=args.draft_confidence,
+        adaptive=not args.fixed_k,
         progress=_progress,
+        backend=args.target_backend,
+        drafter_backend=args.drafter_backend,
     )
 
 

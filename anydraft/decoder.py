@@ -16,8 +16,8 @@ from . import methods
 from .bridge import token_table
 from .decoding import DecodeState, Finish, Stats, TextAssembler, decode
 from .errors import AnydraftError
-from .models.loading import load_model, load_tokenizer, parse_dtype
-from .models.session import HFSession, context_window
+from .models.backends import LoadedModel, check_backend, load
+from .models.loading import parse_dtype
 from .sampling import SamplingParams
 
 
@@ -29,34 +29,9 @@ class GenerationOutput:
     stats: dict = field(default_factory=dict)
 
 
-@dataclass
-class LoadedModel:
-    name: str
-    model: object
-    tokenizer: object
-
-    @property
-    def device(self):
-        return next(self.model.parameters()).device
-
-
-def _load(spec, tokenizer, dtype, device, progress) -> LoadedModel:
-    if isinstance(spec, str):
-        model = load_model(spec, dtype=dtype, device=device, progress=progress)
-        return LoadedModel(spec, model, tokenizer or load_tokenizer(spec))
-    if tokenizer is None:
-        raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
-    name = getattr(getattr(spec, "config", None), "_name_or_path", None) or type(spec).__name__
-    return LoadedModel(name, spec.eval(), tokenizer)
-
-
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
-    """Every id that ends generation: the tokenizer's, the byte table's and generation_config's."""
-    ids = set(token_table(loaded.tokenizer).eos_ids)
-    config_eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
-    if config_eos is not None:
-        ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
-    return frozenset(ids)
+    """Every id that ends generation: the byte table's and the model files' own."""
+    return frozenset(set(token_table(loaded.tokenizer).eos_ids) | loaded.model_eos_ids)
 
 
 class Decoder:
@@ -74,20 +49,27 @@ class Decoder:
         drafter_tokenizer=None,
         num_draft_tokens: int = 5,
         draft_confidence: float = 0.0,
+        adaptive: bool = True,
         progress=None,
+        backend: str = "torch",
+        drafter_backend: str | None = None,
     ):
         parse_dtype(dtype)
+        check_backend(backend)
+        drafter_backend = check_backend(drafter_backend or backend)
         self.method = methods.check(method, has_drafter=drafter is not None)
         if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= 64:
             raise AnydraftError(f"num_draft_tokens must be an integer in 1..64, got {num_draft_tokens!r}")
         if not 0 <= draft_confidence < 1:
             raise AnydraftError(f"draft_confidence must be in [0, 1), got {draft_confidence!r}")
         self.num_draft_tokens = num_draft_tokens
+        self.adaptive = bool(adaptive)
         self.draft_confidence = draft_confidence
-        self.target = _load(target, tokenizer, dtype, device, progress)
+        self.target = load(target, backend, tokenizer, dtype, device, progress)
         self.drafter = None
         if drafter is not None:
-            self.drafter = _load(drafter, drafter_tokenizer, drafter_dtype or dtype, device, progress)
+            self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,
+                                device, progress)
             if self.drafter.device != self.target.device:
                 raise AnydraftError(
                     f"drafter is on {self.drafter.device} but the target is on "
@@ -118,7 +100,7 @@ class Decoder:
             ids = tok.encode(text, add_special_tokens=False)
         else:
             ids = tok.encode(prompt, add_special_tokens=True)
-        limit = context_window(self.target.model)
+        limit = self.target.context_window
         if len(ids) >= limit:
             raise AnydraftError(
                 f"prompt has {len(ids)} tokens but {self.target.name}'s context window is "
@@ -139,7 +121,7 @@ class Decoder:
             raise AnydraftError("stop must be a string or a list of strings")
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         ids = self.prompt_ids(prompt, chat)
-        state = DecodeState(HFSession(self.target.model), list(ids), params, params.generator(), Stats())
+        state = DecodeState(self.target.new_session(), list(ids), params, params.generator(), Stats())
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
         finish = Finish()
         steps = decode(state, self._method_factory(method, params), max_new_tokens, self.eos_ids, text, finish)

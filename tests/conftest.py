@@ -28,3 +28,13 @@ def real_model():
         return cache[(name, dtype)]
 
     return get
+
+
+def require_llamacpp() -> None:
+    """Skip when llama-cpp-python is not installed, unless CI demands every model."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        if os.environ.get("ANYDRAFT_REQUIRE_MODELS") == "1":
+            pytest.fail("llama-cpp-python is not installed: pip install 'anydraft[llamacpp]'")
+        pytest.skip("llama-cpp-python not installed (pip install 'anydraft[llamacpp]')")

@@ -8,12 +8,16 @@ import shlex
 import sys
 
 HELP = """Benchmark methods side by side on one target: AR, then each method per prompt
-(interleaved, after a warm-up), median over --repeats. Writes results.json, summary.md and PNG
-plots to --out. Exit status 1 when a greedy run's output differs from AR (a correctness alarm)."""
+(interleaved, after a warm-up), median over --repeats; with several backends, every (target
+backend, drafter, drafter backend) combination, each against AR on its own target backend.
+Writes results.json, summary.md and PNG plots to --out. Exit status 1 when a greedy run's
+output differs from AR (a correctness alarm)."""
 
 
 def register(sub) -> None:
     """Add the `bench` subcommand to ``sub`` (the subparsers of `anydraft`)."""
+    from ..cli import add_draft_options
+
     b = sub.add_parser("bench", help="benchmark methods side by side (tables, plots, bound)",
                        description=HELP)
     b.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
@@ -34,11 +38,15 @@ def register(sub) -> None:
     b.add_argument("--top-p", type=float, default=1.0)
     b.add_argument("--min-p", type=float, default=0.0)
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
+    b.add_argument("--target-backend", default="torch",
+                   help="comma list of torch, llamacpp (GGUF as it is): one AR and one set of runs "
+                        "per backend (default torch)")
+    b.add_argument("--drafter-backend", default="torch",
+                   help="comma list of torch, llamacpp: each drafter runs on each (default torch)")
+    b.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target, torch backend)")
     b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
     b.add_argument("--device", default="cpu")
-    b.add_argument("--num-draft-tokens", type=int, default=5, help="k, also used in the bound")
-    b.add_argument("--draft-confidence", type=float, default=0.0)
+    add_draft_options(b)  # --num-draft-tokens (k, also the bound's), --fixed-k, --draft-confidence
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
     b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     b.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
@@ -53,7 +61,7 @@ def register(sub) -> None:
 def settings_from_args(args):
     from ..errors import AnydraftError
     from ..models.loading import parse_dtype
-    from .runner import BenchSettings, parse_methods
+    from .runner import BenchSettings, parse_backends, parse_methods
 
     if args.n < 1:
         raise AnydraftError(f"--n must be >= 1 (prompts per category), got {args.n}")
@@ -63,8 +71,17 @@ def settings_from_args(args):
         raise AnydraftError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not 1 <= args.num_draft_tokens <= 64:
         raise AnydraftError(f"--num-draft-tokens must be in 1..64, got {args.num_draft_tokens}")
+    if not 0 <= args.draft_confidence < 1:
+        raise AnydraftError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}")
     if args.baseline == "hf" and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
+    target_backends = parse_backends(args.target_backend, "--target-backend")
+    drafter_backends = parse_backends(args.drafter_backend, "--drafter-backend")
+    if drafter_backends != ["torch"] and not args.drafter:
+        raise AnydraftError("--drafter-backend needs a drafter: pass --drafter MODEL")
+    if "llamacpp" in target_backends + drafter_backends and args.device != "cpu":
+        raise AnydraftError(f"the llamacpp backend runs on the CPU here: use --device cpu "
+                            f"(got {args.device}) or only the torch backend")
     parse_dtype(args.dtype)
     if args.drafter_dtype is not None:
         parse_dtype(args.drafter_dtype)
@@ -75,11 +92,13 @@ def settings_from_args(args):
     methods = parse_methods(text, has_drafter=bool(args.drafter))
     drafters = list(dict.fromkeys(args.drafter))
     return BenchSettings(
-        target=args.target, drafters=drafters, methods=methods, baseline_hf=args.baseline == "hf",
+        target=args.target, drafters=drafters, methods=methods, target_backends=target_backends,
+        drafter_backends=drafter_backends, baseline_hf=args.baseline == "hf",
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, seed=args.seed, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=args.device,
-        num_draft_tokens=args.num_draft_tokens, draft_confidence=args.draft_confidence,
+        num_draft_tokens=args.num_draft_tokens, adaptive=not args.fixed_k,
+        draft_confidence=args.draft_confidence,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
 
 
@@ -107,7 +126,7 @@ def cmd_bench(args) -> int:
 
     from ..errors import AnydraftError
     from .datasets import load_dataset
-    from .report import build_meta, mismatches, write_results, write_summary
+    from .report import build_meta, labeller, mismatches, write_results, write_summary
     from .runner import run_bench
 
     settings = settings_from_args(args)
@@ -123,8 +142,11 @@ def cmd_bench(args) -> int:
         if not args.json:
             print(msg, file=sys.stderr, flush=True)
 
+    backends = (f" (target backends {','.join(settings.target_backends)}, drafter backends "
+                f"{','.join(settings.drafter_backends)})"
+                if [settings.target_backends, settings.drafter_backends] != [["torch"]] * 2 else "")
     say(f"bench: {len(prompts)} prompts x {len(settings.methods)} methods "
-        f"x {max(1, len(settings.drafters))} drafter(s), {settings.repeats} repeat(s) -> {out}")
+        f"x {max(1, len(settings.drafters))} drafter(s){backends}, {settings.repeats} repeat(s) -> {out}")
     rows = run_bench(settings, prompts, quiet=args.json)
     meta = build_meta(settings, command_line(args), prompts, args.dataset)
     results = write_results(out, meta, rows)
@@ -141,8 +163,9 @@ def cmd_bench(args) -> int:
         say(f"wrote {results}, {summary}" + "".join(f", {out / p}" for p in plots))
     bad = [r for r in mismatches(rows) if r["method"] != "hf"]
     if bad:
+        name = labeller(rows)
         print(f"anydraft bench: GREEDY MISMATCH in {len(bad)} run(s): "
-              + ", ".join(f"{r['method']} <- {r['drafter']} on {r['prompt_id']}" for r in bad)
+              + ", ".join(f"{name(r)} on {r['prompt_id']}" for r in bad)
               + f" (see {summary})", file=sys.stderr)
         return 1
     return 0

@@ -15,9 +15,11 @@ def write_plots(out_dir: Path, rows: list[dict], k: int) -> list[str]:
     import matplotlib.pyplot as plt
 
     names = []
+    groups = group_rows(rows, False)
+    ar_labels = {key[0] for key, v in groups.items() if v[0]["method"] == "ar"}  # one per target backend
     by_cat = {key: aggregate(v, k) for key, v in group_rows(rows, True).items()}
     categories = list(dict.fromkeys(key[0] for key in by_cat))
-    labels = [lab for lab in dict.fromkeys(key[1] for key in by_cat) if lab != "ar"]
+    labels = [lab for lab in dict.fromkeys(key[1] for key in by_cat) if lab not in ar_labels]
 
     def save(fig, ax, name: str, legend: bool) -> None:
         if legend:
@@ -58,9 +60,9 @@ def write_plots(out_dir: Path, rows: list[dict], k: int) -> list[str]:
 
     # 3. distribution over prompts of tokens committed per target call
     fig, ax = plt.subplots(figsize=(6, 4))
-    for lab, group in group_rows(rows, False).items():
+    for lab, group in groups.items():
         vals = [r["mean_accepted"] for r in group if r["mean_accepted"] is not None]
-        if lab[0] != "ar" and vals:
+        if lab[0] not in ar_labels and vals:
             ax.hist(vals, bins=min(20, max(5, len(vals))), alpha=0.5, label=lab[0])
     ax.set_xlabel("tokens per target call (per prompt)")
     ax.set_ylabel("prompts")

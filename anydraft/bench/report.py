@@ -7,16 +7,20 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from .bound import per_token_acceptance, speedup_bound
-from .runner import median
+from .runner import backend_sides, label, median
 
+# speedup_vs_ar, cost_ratio and identical_to_ar compare with AR on the row's own target backend;
+# speedup_vs_torch_ar with AR on torch (None without a torch target); *_backend: torch | llamacpp
+# (drafter_backend None without a drafter)
 ROW_KEYS = (
-    "prompt_id", "category", "method", "drafter", "new_tokens", "seconds", "tokens_per_s",
-    "speedup_vs_ar", "speedup_vs_hf", "acceptance", "acceptance_per_token", "mean_accepted",
-    "draft_seconds", "target_seconds", "translate_seconds", "cost_ratio", "bound",
-    "identical_to_ar",
+    "prompt_id", "category", "method", "drafter", "target_backend", "drafter_backend", "new_tokens",
+    "seconds", "tokens_per_s", "speedup_vs_ar", "speedup_vs_torch_ar", "speedup_vs_hf",
+    "acceptance", "acceptance_per_token", "mean_accepted", "draft_seconds", "target_seconds",
+    "translate_seconds", "cost_ratio", "bound", "identical_to_ar",
 )
 
 
@@ -74,13 +78,19 @@ def mismatches(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["identical_to_ar"] is False]
 
 
-def _label(row_or_key) -> str:
-    drafter, method = row_or_key
-    return method if drafter is None else f"{method} <- {drafter}"
+def labeller(rows: list[dict]) -> Callable[[dict], str]:
+    """row -> its label (runner.label), naming a side's backend when that side is not all torch."""
+    sides = backend_sides({r["target_backend"] for r in rows},
+                          {r["drafter_backend"] for r in rows if r["drafter"] is not None})
+    return lambda r: label(r["method"], r["drafter"], r["target_backend"], r["drafter_backend"], sides)
+
+
+def several_targets(rows: list[dict]) -> bool:
+    return len({r["target_backend"] for r in rows}) > 1
 
 
 def aggregate(rows: list[dict], k: int) -> dict:
-    """Numbers of one group of rows (same method and drafter): see `write_summary`."""
+    """Numbers of one group of rows (same method, drafter and backends): see `write_summary`."""
     drafted = sum(r["drafted"] or 0 for r in rows)
     accepted = sum(r["accepted"] or 0 for r in rows)
     calls = sum(r["target_calls"] or 0 for r in rows)
@@ -94,6 +104,7 @@ def aggregate(rows: list[dict], k: int) -> dict:
         "mismatch": identical.count(False),
         "tokens_per_s": median(r["tokens_per_s"] for r in rows),
         "speedup_vs_ar": median(r["speedup_vs_ar"] for r in rows),
+        "speedup_vs_torch_ar": median(r["speedup_vs_torch_ar"] for r in rows),
         "speedup_vs_hf": median(r["speedup_vs_hf"] for r in rows),
         "acceptance": rate, "a": a,
         "mean_accepted": sum(r["new_tokens"] for r in rows) / calls if calls else None,
@@ -106,17 +117,19 @@ def _fmt(v, spec=".2f", suffix="") -> str:
     return "–" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _table(groups: dict, key_cols: list[str]) -> list[str]:
-    head = key_cols + ["prompts", "identical to AR", "median tok/s", "speedup vs AR",
-                       "speedup vs hf", "acceptance", "a (per token)", "tokens / target call",
-                       "c (draft/target step)", "bound S(a,k,c)", "measured / bound"]
+def _table(groups: dict, key_cols: list[str], vs_torch: bool = False) -> list[str]:
+    head = key_cols + ["prompts", "identical to AR", "median tok/s", "speedup vs AR"]
+    head += ["speedup vs torch AR"] * vs_torch + [
+        "speedup vs hf", "acceptance", "a (per token)", "tokens / target call",
+        "c (draft/target step)", "bound S(a,k,c)", "measured / bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for key, g in groups.items():
         ident = g["identical"] if not g["mismatch"] else f"**NO: {g['identical']}**"
         ratio = (g["speedup_vs_ar"] / g["bound"]) if g["bound"] and g["speedup_vs_ar"] else None
         cells = list(key) + [
-            str(g["prompts"]), ident, _fmt(g["tokens_per_s"], ".1f"),
-            _fmt(g["speedup_vs_ar"], ".2f", "x"), _fmt(g["speedup_vs_hf"], ".2f", "x"),
+            str(g["prompts"]), ident, _fmt(g["tokens_per_s"], ".1f"), _fmt(g["speedup_vs_ar"], ".2f", "x"),
+        ] + [_fmt(g["speedup_vs_torch_ar"], ".2f", "x")] * vs_torch + [
+            _fmt(g["speedup_vs_hf"], ".2f", "x"),
             _fmt(g["acceptance"], ".3f"), _fmt(g["a"], ".3f"), _fmt(g["mean_accepted"], ".2f"),
             _fmt(g["c"], ".3f"), _fmt(g["bound"], ".2f", "x"), _fmt(ratio, ".2f"),
         ]
@@ -125,10 +138,12 @@ def _table(groups: dict, key_cols: list[str]) -> list[str]:
 
 
 def group_rows(rows: list[dict], by_category: bool) -> dict:
+    """(category?, label) -> rows, in the order of first appearance."""
+    name = labeller(rows)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         key = (r["category"],) if by_category else ()
-        groups.setdefault(key + (_label((r["drafter"], r["method"])),), []).append(r)
+        groups.setdefault(key + (name(r),), []).append(r)
     return groups
 
 
@@ -136,6 +151,11 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
     s = meta["settings"]
     k = s["num_draft_tokens"]
     m = meta["machine"]
+    name, vs_torch = labeller(rows), several_targets(rows)
+    backends = ("" if [s["target_backends"], s["drafter_backends"]] == [["torch"]] * 2 else
+                f", backends: target {','.join(s['target_backends'])}, "
+                f"drafter {','.join(s['drafter_backends'])}")
+    draft = f"adaptive draft length k <= {k}" if s["adaptive"] else f"k = {k} draft tokens"
     sampling = ("greedy" if s["temperature"] == 0 else
                 f"temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}, "
                 f"min-p {s['min_p']}, seed {s['seed']}")
@@ -150,7 +170,7 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         f"Python {m['python']}; {m['date']}",
         f"- settings: dataset {s['dataset']} ({s['prompts']} prompts: {', '.join(s['categories'])}), "
         f"{sampling}, {s['max_new_tokens']} new tokens, dtype {s['dtype']}"
-        f"{', drafter ' + s['drafter_dtype'] if s['drafter_dtype'] else ''}, k = {k} draft tokens, "
+        f"{', drafter ' + s['drafter_dtype'] if s['drafter_dtype'] else ''}{backends}, {draft}, "
         f"chat template {s['chat']}, {s['repeats']} repeat(s) (median), warm-up {'on' if s['warmup'] else 'off'}",
         "",
     ]
@@ -159,14 +179,14 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         lines += ["## !!! GREEDY MISMATCH: output differs from plain decoding (AR) !!!", "",
                   "A lossless method must reproduce AR token for token under greedy decoding. "
                   "These runs did not:", ""]
-        lines += [f"- **{_label((r['drafter'], r['method']))}** on `{r['prompt_id']}` "
-                  f"({r['category']})" for r in bad]
+        lines += [f"- **{name(r)}** on `{r['prompt_id']}` ({r['category']})" for r in bad]
         lines.append("")
     lines += ["## Per method (all prompts)", ""]
-    lines += _table({key: aggregate(v, k) for key, v in group_rows(rows, False).items()}, ["method"])
+    lines += _table({key: aggregate(v, k) for key, v in group_rows(rows, False).items()}, ["method"],
+                    vs_torch)
     lines += ["", "## Per category and method", ""]
     lines += _table({key: aggregate(v, k) for key, v in sorted(group_rows(rows, True).items(), key=lambda kv: kv[0][0])},
-                    ["category", "method"])
+                    ["category", "method"], vs_torch)
     lines += [""]
     if meta["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in meta["notes"]] + [""]
@@ -175,16 +195,24 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
     lines += [
         "## How to read this", "",
         "- speedup vs AR / vs hf: per prompt, tokens/s of the method divided by tokens/s of "
-        "plain decoding (AR) / of transformers' assisted generation (hf) on the same prompt "
-        "(= AR seconds / method seconds when both produce the same tokens); the median over "
-        "prompts is shown.",
+        "plain decoding (AR) on the same target backend / of transformers' assisted generation "
+        "(hf, same drafter) on the same prompt (= AR seconds / method seconds when both produce "
+        "the same tokens); the median over prompts is shown.",
+    ] + [
+        "- speedup vs torch AR: the same, divided by AR on the torch backend instead.",
+    ] * vs_torch + [
+        "- a label's `(backend)` after the method names the target's backend, after the drafter "
+        "the drafter's (shown for a side that does not run on torch only).",
+    ] * bool(backends) + [
         "- acceptance: accepted / drafted draft tokens, pooled over the group's prompts. "
         "a (per token): the per-token acceptance probability that gives this rate when each "
         f"round drafts k = {k} tokens and stops at the first rejection: "
-        "rate = a (1 - a^k) / (k (1 - a)).",
+        "rate = a (1 - a^k) / (k (1 - a))."
+        + (" With adaptive drafting a round drafts at most k (or no) tokens, so a and the bound "
+           "use k as if every round drafted k: read them as an estimate." if s["adaptive"] else ""),
         "- tokens / target call: new tokens / target forward passes (1.00 for AR).",
         "- c: (draft seconds / drafter forward calls) / (AR target seconds / AR target calls on "
-        "the same prompt); median over prompts. Prefills are folded into both.",
+        "the same prompt and target backend); median over prompts. Prefills are folded into both.",
         "- bound S(a,k,c) = (1 - a^(k+1)) / ((1 - a)(k c + 1)), the analytic speedup of "
         "speculative decoding (ALGORITHMS.md section 0). It ignores that verifying k+1 tokens "
         "costs more than one plain step and all translation/sync overhead, so measured / bound "

@@ -1,8 +1,9 @@
 """The timed runs: every method on every prompt, interleaved, after a warm-up -> result rows.
 
-Order per prompt: AR, then for each drafter each method (and `hf`), all with the same settings,
-so drift of the machine hits every method alike; ``repeats`` rounds of that, and each row keeps
-the run with the median seconds (so its fields stay consistent with each other).
+Order per prompt: for each target backend, AR, then for each (drafter, drafter backend) each
+method (and `hf`), all with the same settings, so drift of the machine hits every method alike;
+``repeats`` rounds of that, and each row keeps the run with the median seconds (so its fields
+stay consistent with each other). Each model is loaded once per backend.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..errors import AnydraftError
+from ..models.backends import BACKENDS
 from .bound import cost_ratio, per_token_acceptance, speedup_bound
 
 DRAFTER_METHODS = ("sd", "slem", "tli", "slrs")
@@ -23,6 +25,8 @@ class BenchSettings:
     target: str
     drafters: list[str]
     methods: list[str]  # "ar" first
+    target_backends: list[str] = field(default_factory=lambda: ["torch"])
+    drafter_backends: list[str] = field(default_factory=lambda: ["torch"])
     baseline_hf: bool = False
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -33,7 +37,8 @@ class BenchSettings:
     dtype: str = "float32"
     drafter_dtype: str | None = None
     device: str = "cpu"
-    num_draft_tokens: int = 5
+    num_draft_tokens: int = 5  # k, or the largest k when adaptive
+    adaptive: bool = True
     draft_confidence: float = 0.0
     repeats: int = 1
     warmup: bool = True
@@ -71,6 +76,31 @@ def parse_methods(text: str, has_drafter: bool) -> list[str]:
         if m not in out:
             out.append(m)
     return out
+
+
+def parse_backends(text: str, flag: str) -> list[str]:
+    """`torch,llamacpp` -> validated list without repeats."""
+    names = list(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
+    if not names:
+        raise AnydraftError(f"{flag} is empty: choose from {', '.join(BACKENDS)}")
+    for b in names:
+        if b not in BACKENDS:
+            raise AnydraftError(f"unknown backend {b!r} in {flag}: choose from {', '.join(BACKENDS)}")
+    return names
+
+
+def backend_sides(target_backends, drafter_backends) -> tuple[bool, bool]:
+    """Whether labels name the target's / the drafter's backend: a side does unless all torch."""
+    return not set(target_backends) <= {"torch"}, not set(drafter_backends) <= {"torch"}
+
+
+def label(method: str, drafter=None, target_backend=None, drafter_backend=None,
+          sides: tuple[bool, bool] = (False, False)) -> str:
+    """`slem <- smollm2-135m`; with backends shown `slem (llamacpp) <- smollm2-135m (torch)`."""
+    text = method + (f" ({target_backend})" if sides[0] else "")
+    if drafter is not None:
+        text += f" <- {drafter}" + (f" ({drafter_backend})" if sides[1] else "")
+    return text
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -117,62 +147,84 @@ def _use_chat(settings: BenchSettings, tokenizer) -> bool:
 
 def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
               log: Callable[[str], None] | None = None) -> list[dict]:
-    """Load the models, run everything, return the rows (see report.ROW_KEYS)."""
+    """Load each model once per backend, run everything, return the rows (see report.ROW_KEYS)."""
     from ..bridge import same_tokenizer
     from ..decoder import Decoder
-    from ..models.loading import load_model, load_tokenizer
+    from ..models.backends import load
+    from ..models.loading import load_tokenizer
     from ..sampling import SamplingParams
 
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
     params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, settings.min_p,
                             settings.seed)
-    common = dict(num_draft_tokens=settings.num_draft_tokens,
-                  draft_confidence=settings.draft_confidence, device=settings.device)
-    target_model = load_model(settings.target, dtype=settings.dtype, device=settings.device,
-                              progress=progress_note)
+    common = dict(num_draft_tokens=settings.num_draft_tokens, adaptive=settings.adaptive,
+                  draft_confidence=settings.draft_confidence, dtype=settings.dtype,
+                  device=settings.device)
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)
     settings.chat = "yes" if chat else "no"
-    ar_dec = Decoder(target=target_model, tokenizer=target_tok, method="ar", dtype=settings.dtype, **common)
+    targets = {tb: load(settings.target, tb, target_tok, settings.dtype, settings.device, progress_note)
+               for tb in settings.target_backends}
+    sides = backend_sides(settings.target_backends, settings.drafter_backends if settings.drafters else [])
 
-    # (drafter name, decoder, methods to run on it, hf baseline or None)
-    plans = []
+    def name_of(key) -> str:
+        tb, name, db, method = key
+        return label(method, name, tb, db, sides)
+
+    # per drafter: its models (one per backend, shared by every target backend), methods, hf baseline
+    drafters, todo, hf = {}, {}, {}
     for name in settings.drafters:
-        d_model = load_model(name, dtype=settings.drafter_dtype or settings.dtype,
-                             device=settings.device, progress=progress_note)
         d_tok = load_tokenizer(name)
-        dec = Decoder(target=target_model, tokenizer=target_tok, drafter=d_model,
-                      drafter_tokenizer=d_tok, method="auto", dtype=settings.dtype, **common)
+        for db in settings.drafter_backends:
+            drafters[(name, db)] = load(name, db, d_tok, settings.drafter_dtype or settings.dtype,
+                                        settings.device, progress_note)
         same = same_tokenizer(target_tok, d_tok)
-        todo = []
+        todo[name] = []
         for m in settings.methods[1:]:
             if m == "sd" and not same:
                 settings.notes.append(f"sd skipped for drafter {name}: its tokenizer differs from "
                                       f"the target's (sd needs the same vocabulary; use slem/tli)")
                 continue
-            todo.append(m)
-        hf = None
-        if settings.baseline_hf:
+            todo[name].append(m)
+        hf[name] = None
+        if settings.baseline_hf and "torch" in targets and (name, "torch") in drafters:
             from .hf_baseline import HFAssisted
 
-            hf = HFAssisted(target_model, target_tok, d_model, d_tok, settings.num_draft_tokens,
-                            sampling=not settings.greedy)
-            if hf.skip_reason:
-                settings.notes.append(f"hf baseline skipped for drafter {name}: {hf.skip_reason}")
-                hf = None
+            hf[name] = HFAssisted(targets["torch"].model, target_tok, drafters[(name, "torch")].model,
+                                  d_tok, settings.num_draft_tokens, sampling=not settings.greedy)
+            if hf[name].skip_reason:
+                settings.notes.append(f"hf baseline skipped for drafter {name}: {hf[name].skip_reason}")
+                hf[name] = None
             else:
-                settings.notes.append(f"hf baseline for drafter {name}: {hf.mode}")
-        plans.append((name, dec, todo, hf))
+                settings.notes.append(f"hf baseline for drafter {name}: {hf[name].mode}")
+
+    # (key, decoder, hf baseline or None); key = (target backend, drafter, drafter backend, method)
+    jobs = []
+    for tb, target in targets.items():
+        jobs.append(((tb, None, None, "ar"),
+                     Decoder(target=target.model, tokenizer=target_tok, method="ar", backend=tb, **common),
+                     None))
+        for (name, db), d in drafters.items():
+            dec = Decoder(target=target.model, tokenizer=target_tok, drafter=d.model,
+                          drafter_tokenizer=d.tokenizer, method="auto", backend=tb, drafter_backend=db,
+                          **common)
+            jobs += [((tb, name, db, m), dec, None) for m in todo[name]]
+            if settings.baseline_hf and (tb, db) != ("torch", "torch"):
+                settings.notes.append(
+                    f"{name_of((tb, name, db, 'hf'))} skipped: transformers' assisted generation "
+                    "needs the torch backend for both the target and the drafter")
+            elif hf[name] is not None:
+                jobs.append(((tb, name, db, "hf"), dec, hf[name]))
     for n in settings.notes:
         progress_note(f"note: {n}")
 
     gen = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                min_p=settings.min_p, seed=settings.seed, chat=chat)
 
-    def run_one(dec, method, hf, prompt, max_new):
-        if hf is not None:
-            ids = ar_dec.prompt_ids(prompt, chat)
-            tokens, seconds = hf.generate(ids, max_new, params, ar_dec.eos_ids)
+    def run_one(dec, method, baseline, prompt, max_new):
+        if baseline is not None:
+            ids = dec.prompt_ids(prompt, chat)
+            tokens, seconds = baseline.generate(ids, max_new, params, dec.eos_ids)
             text = target_tok.decode(tokens, skip_special_tokens=True)
             stats = {"method": "hf", "prompt_tokens": len(ids), "new_tokens": len(tokens),
                      "seconds": seconds, "tokens_per_s": len(tokens) / seconds if seconds > 0 else 0.0}
@@ -181,18 +233,11 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         return {"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason,
                 "stats": out.stats}
 
-    jobs = [(None, ar_dec, "ar", None)]
-    for name, dec, todo, hf in plans:
-        jobs += [(name, dec, m, None) for m in todo]
-        if hf is not None:
-            jobs.append((name, dec, "hf", hf))
-
     def drop(job, exc):
-        name, _, method, _ = job
-        if job[2] == "ar":
+        if job[0][3] == "ar":
             raise exc
         jobs.remove(job)
-        note = f"{method}{'' if name is None else ' <- ' + name} skipped: {exc}"
+        note = f"{name_of(job[0])} skipped: {exc}"
         settings.notes.append(note)
         progress_note(f"note: {note}")
 
@@ -200,7 +245,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         progress_note(f"warm-up: {len(jobs)} short runs on {prompts[0]['id']}")
         for job in list(jobs):
             try:
-                run_one(job[1], job[2], job[3], prompts[0]["prompt"], min(8, settings.max_new_tokens))
+                run_one(job[1], job[0][3], job[2], prompts[0]["prompt"], min(8, settings.max_new_tokens))
             except AnydraftError as exc:  # a method that does not apply to this pair
                 drop(job, exc)
 
@@ -210,41 +255,49 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         runs: dict[tuple, list[dict]] = {}
         for r in range(settings.repeats):
             for job in list(jobs):
-                name, dec, method, hf = job
+                key, dec, baseline = job
                 try:
-                    res = run_one(dec, method, hf, p["prompt"], settings.max_new_tokens)
+                    res = run_one(dec, key[3], baseline, p["prompt"], settings.max_new_tokens)
                 except AnydraftError as exc:
                     drop(job, exc)
                     progress.total -= (len(prompts) - prompts.index(p)) * settings.repeats - r
                     continue
-                runs.setdefault((name, method), []).append(res)
+                runs.setdefault(key, []).append(res)
                 s = res["stats"]
-                progress.step(f"{p['id']} {method}{'' if name is None else ' <- ' + name}"
+                progress.step(f"{p['id']} {name_of(key)}"
                               f"{f' (repeat {r + 1})' if settings.repeats > 1 else ''}: "
                               f"{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s")
-        rows += _rows_for_prompt(p, runs, settings, progress)
+        rows += _rows_for_prompt(p, runs, settings, progress, name_of)
     return rows
 
 
-def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Progress) -> list[dict]:
-    ar = _median_run(runs[(None, "ar")])
-    ar_s = ar["stats"]
-    hf_tps = {name: _median_run(v)["stats"]["tokens_per_s"] for (name, m), v in runs.items() if m == "hf"}
+def _speedup(stats: dict, base: dict) -> float | None:
+    return stats["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else None
+
+
+def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Progress,
+                     name_of: Callable[[tuple], str]) -> list[dict]:
+    ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target backend
+    hf_stats = {key[1]: _median_run(v)["stats"] for key, v in runs.items() if key[3] == "hf"}
     k = settings.num_draft_tokens
     rows = []
-    for (name, method), results in runs.items():
+    for key, results in runs.items():
+        tb, name, db, method = key
+        ar = ars[tb]
+        ar_s = ar["stats"]
         res = _median_run(results)
         s = res["stats"]
-        speedup = s["tokens_per_s"] / ar_s["tokens_per_s"] if ar_s["tokens_per_s"] > 0 else None
         identical = (res["token_ids"] == ar["token_ids"]) if settings.greedy else None
         row = {
             "prompt_id": p["id"], "category": p["category"], "method": method, "drafter": name,
+            "target_backend": tb, "drafter_backend": db,
             "resolved_method": s.get("method", method),
             "new_tokens": s["new_tokens"], "prompt_tokens": s["prompt_tokens"],
             "seconds": s["seconds"], "tokens_per_s": s["tokens_per_s"],
             "seconds_all": [r["stats"]["seconds"] for r in results],
-            "speedup_vs_ar": speedup,
-            "speedup_vs_hf": None,
+            "speedup_vs_ar": _speedup(s, ar_s),
+            "speedup_vs_torch_ar": _speedup(s, ars["torch"]["stats"]) if "torch" in ars else None,
+            "speedup_vs_hf": _speedup(s, hf_stats[name]) if name in hf_stats else None,
             "acceptance": None, "acceptance_per_token": None, "mean_accepted": None,
             "drafted": None, "accepted": None, "target_calls": None, "drafter_calls": None,
             "draft_seconds": None, "target_seconds": None, "translate_seconds": None,
@@ -252,9 +305,9 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "identical_to_ar": identical, "finish_reason": res["finish_reason"], "text": res["text"],
         }
         if method != "hf":
-            for key in ("drafted", "accepted", "target_calls", "drafter_calls", "mean_accepted",
-                        "draft_seconds", "target_seconds", "translate_seconds"):
-                row[key] = s[key]
+            for stat in ("drafted", "accepted", "target_calls", "drafter_calls", "mean_accepted",
+                           "draft_seconds", "target_seconds", "translate_seconds"):
+                row[stat] = s[stat]
             row["acceptance"] = s["acceptance_rate"] if s["drafted"] else None
         if method not in ("ar", "hf") and s["drafted"]:
             a = per_token_acceptance(s["acceptance_rate"], k)
@@ -263,10 +316,8 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             row["acceptance_per_token"] = a
             row["cost_ratio"] = c
             row["bound"] = None if c is None else speedup_bound(a, k, c)
-        if name in hf_tps and hf_tps[name] > 0:
-            row["speedup_vs_hf"] = s["tokens_per_s"] / hf_tps[name]
         if identical is False:
-            progress.note(f"!!! GREEDY MISMATCH: {method} <- {name} on {p['id']} differs from AR "
+            progress.note(f"!!! GREEDY MISMATCH: {name_of(key)} on {p['id']} differs from AR "
                           f"(AR {len(ar['token_ids'])} tokens, {method} {len(res['token_ids'])})")
         rows.append(row)
     return rows

@@ -26,6 +26,7 @@ class Drafter:
         self.ids = ids  # committed text in drafter tokens
         self.stats = stats
         self.drafts: list[int] = []  # drafted after `ids` at the last step
+        self.caught_up = 0  # tokens of the committed text the last `propose` had to feed first
 
     def propose(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
                 greedy: bool, generator: torch.Generator, confidence: float,
@@ -45,6 +46,7 @@ class Drafter:
             if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
             feed = self.ids[len(self.session):]
+            self.caught_up = len(feed) if k else 0
             for _ in range(k):
                 logits = self.session.feed(feed, rows=1)[-1]
                 self.stats.drafter_calls += 1

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..bridge import same_tokenizer, token_table
 from ..bridge.intersection import intersect
-from ..models.session import HFSession, Session
+from ..models.session import Session
 from .drafter import Drafter
-
-
-def _logits_width(model) -> int:
-    return model.get_output_embeddings().weight.shape[0]
+from .policy import Acceptance, Costs, DraftPlan
 
 
 @dataclass
@@ -24,18 +21,22 @@ class Pairing:
     drafter_vocab_size: int
     new_drafter_session: Callable[[], Session]
     drafter_bos: list[int]  # what the drafter's tokenizer puts before a text (Gemma: <bos>)
-    num_draft_tokens: int = 5
+    num_draft_tokens: int = 5  # k, or the largest k adaptive drafting may choose
     confidence: float = 0.0
+    adaptive: bool = False
+    costs: Costs = field(default_factory=Costs)
+    acceptance: dict = field(default_factory=dict)  # (method, greedy) -> Acceptance
 
     @classmethod
     def of(cls, decoder) -> Pairing:
-        tok, model = decoder.drafter.tokenizer, decoder.drafter.model
+        drafter = decoder.drafter
+        tok = drafter.tokenizer
         bos = tok.bos_token_id
         probe = tok.encode("x", add_special_tokens=True)
-        return cls(decoder.table, token_table(tok), _logits_width(decoder.target.model),
-                   _logits_width(model), lambda: HFSession(model),
+        return cls(decoder.table, token_table(tok), decoder.target.logits_width,
+                   drafter.logits_width, drafter.new_session,
                    [bos] if bos is not None and probe[:1] == [bos] else [],
-                   decoder.num_draft_tokens, decoder.draft_confidence)
+                   decoder.num_draft_tokens, decoder.draft_confidence, decoder.adaptive)
 
     @functools.cached_property
     def same_tokenizer(self) -> bool:
@@ -58,16 +59,7 @@ class Pairing:
             ids = self.drafter_bos + self.drafter_table.encode(text)
         return Drafter(self.new_drafter_session(), self.drafter_table, ids, state.stats)
 
-
-def room(state) -> int:
-    """How many candidates are worth offering: the target's context window must hold them,
-    and one token of the step is always the target's own, so drafts beyond the remaining
-    budget minus one would be thrown away."""
-    return max(0, min(state.target.max_length - len(state.committed), state.budget) - 1)
-
-
-def close_step(state, candidates: list[int], n: int) -> None:
-    """After verification: the target's cache keeps the committed text and the ``n`` accepted
-    candidates (the step's own last token is fed next step); count what was offered."""
-    state.target.rollback(len(state.committed) + n)
-    state.stats.drafted += len(candidates)
+    def plan(self, method: str, greedy: bool, drafter: Drafter) -> DraftPlan:
+        """The draft-length plan of one generation (adaptive estimates are kept per pair)."""
+        acceptance = self.acceptance.setdefault((method, greedy), Acceptance())
+        return DraftPlan(self.num_draft_tokens, self.adaptive, self.costs, acceptance, drafter)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .pairing import Pairing, close_step, room
+from .pairing import Pairing
 from .verify import verify_exact, verify_rejection
 
 
@@ -20,12 +20,13 @@ class SpeculativeSampling:
 
     def start(self, state) -> None:
         self.drafter = self.pairing.new_drafter(state, same_ids=True)
+        self.plan = self.pairing.plan(self.name, state.params.greedy, self.drafter)
 
     def step(self, state) -> tuple[list[int], int]:
         params, width = state.params, self.pairing.target_vocab_size
         # padded vocabularies may differ in width: propose only ids the target has
         drafts, qs = self.drafter.propose(
-            min(self.pairing.num_draft_tokens, room(state)),
+            self.plan.k(state),
             lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
             self.pairing.confidence, self.pairing.target_table.eos_ids)
         logits = state.score(drafts)
@@ -37,6 +38,6 @@ class SpeculativeSampling:
             for i, dist in enumerate(qs):
                 q[i, : dist.shape[0]] = dist
             n, token = verify_rejection(p, q, drafts, state.generator)
-        close_step(state, drafts, n)
+        self.plan.close(state, drafts, n)
         self.drafter.sync_ids(n, [token])
         return drafts[:n] + [token], n

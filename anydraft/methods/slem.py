@@ -10,7 +10,8 @@ target's own sample), which makes the method lossless for greedy decoding and sa
 from __future__ import annotations
 
 from ..bridge.translate import continue_tokens
-from .pairing import Pairing, close_step, room
+from .pairing import Pairing
+from .policy import room
 from .verify import verify_exact
 
 
@@ -22,12 +23,13 @@ class StringLevelExactMatch:
 
     def start(self, state) -> None:
         self.drafter = self.pairing.new_drafter(state, same_ids=False)
+        self.plan = self.pairing.plan(self.name, state.params.greedy, self.drafter)
 
     def step(self, state) -> tuple[list[int], int]:
         pairing, params = self.pairing, state.params
         dtable, ttable = pairing.drafter_table, pairing.target_table
         drafts, _ = self.drafter.propose(
-            min(pairing.num_draft_tokens, room(state)), params.probs, params.greedy, state.generator,
+            self.plan.k(state), params.probs, params.greedy, state.generator,
             pairing.confidence, dtable.eos_ids)
         ends = bool(drafts) and drafts[-1] in dtable.eos_ids
         with state.stats.timed("translate"):
@@ -41,7 +43,7 @@ class StringLevelExactMatch:
         # emitted at that position anyway (bridge.stable_prefix_len is not needed here).
         logits = state.score(candidates)
         n, token = verify_exact(logits, candidates, params, state.generator)
-        close_step(state, candidates, n)
+        self.plan.close(state, candidates, n)
         new = candidates[:n] + [token]
         self.drafter.sync_text(ttable.decode_bytes(new))
         return new, n

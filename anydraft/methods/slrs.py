@@ -59,7 +59,8 @@ import numpy as np
 import torch
 
 from ..sampling import bernoulli, sample
-from .pairing import Pairing, close_step, room
+from .pairing import Pairing
+from .policy import room
 from .slem import StringLevelExactMatch
 from .verify import sample_residual
 
@@ -143,14 +144,14 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
         if state.params.greedy:
             return super().step(state)
         pairing, params, gen = self.pairing, state.params, state.generator
-        drafts, qs = self.drafter.propose(min(pairing.num_draft_tokens, room(state)), params.probs, False, gen,
+        drafts, qs = self.drafter.propose(self.plan.k(state), params.probs, False, gen,
                                           pairing.confidence, pairing.drafter_table.eos_ids)
         with state.stats.timed("translate"):
             candidates = self._munch(drafts)[: room(state)]
         logits = state.score(candidates)
         with state.stats.timed("translate"):
             new, n = self._walk(drafts, qs, candidates, params.probs(logits), gen)
-        close_step(state, candidates, n)
+        self.plan.close(state, candidates, n)
         self.drafter.sync_text(pairing.target_table.decode_bytes(new))
         return new, n
 

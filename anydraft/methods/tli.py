@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..errors import AnydraftError
-from .pairing import Pairing, close_step, room
+from .pairing import Pairing
 from .verify import verify_exact, verify_rejection
 
 
@@ -24,6 +24,7 @@ class TokenLevelIntersection:
 
     def start(self, state) -> None:
         self.drafter = self.pairing.new_drafter(state, same_ids=False)
+        self.plan = self.pairing.plan(self.name, state.params.greedy, self.drafter)
         self.map = self.pairing.intersection
         if self.map.size == 0:
             raise AnydraftError("these two tokenizers share no token: use method 'slem' or 'slrs'")
@@ -41,7 +42,7 @@ class TokenLevelIntersection:
     def step(self, state) -> tuple[list[int], int]:
         pairing, params = self.pairing, state.params
         drafts, qs = self.drafter.propose(
-            min(pairing.num_draft_tokens, room(state)), self._restricted(params), params.greedy,
+            self.plan.k(state), self._restricted(params), params.greedy,
             state.generator, pairing.confidence, pairing.drafter_table.eos_ids)
         with state.stats.timed("translate"):
             to_target = self.map.drafter_to_target
@@ -55,7 +56,7 @@ class TokenLevelIntersection:
             for i, dist in enumerate(qs):
                 q[i].index_add_(0, to_target[self.mapped], dist[self.mapped].to(p.dtype))
             n, token = verify_rejection(p, q, candidates, state.generator)
-        close_step(state, candidates, n)
+        self.plan.close(state, candidates, n)
         new = candidates[:n] + [token]
         self.drafter.sync_text(pairing.target_table.decode_bytes(new))
         return new, n

@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import AnydraftError
-from ..models.session import context_window
 from .metrics import Metrics
 from .scheduler import Job, QueueFull, Scheduler, SchedulerClosed
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -192,7 +191,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     scheduler = Scheduler(decoders, config.max_queue)
     metrics = Metrics(scheduler)
     dec0 = decoders[0]
-    ctx = context_window(dec0.target.model)
+    ctx = dec0.target.context_window
     created = int(time.time())
 
     @asynccontextmanager

@@ -17,9 +17,10 @@ def build_decoders(args) -> list:
     from ..decoder import Decoder
 
     common = dict(method=args.method, num_draft_tokens=args.num_draft_tokens,
-                  draft_confidence=args.draft_confidence)
+                  draft_confidence=args.draft_confidence, adaptive=not args.fixed_k)
     first = Decoder(target=args.target, drafter=args.drafter, dtype=args.dtype,
-                    drafter_dtype=args.drafter_dtype, progress=_progress, **common)
+                    drafter_dtype=args.drafter_dtype, backend=args.target_backend,
+                    drafter_backend=args.drafter_backend, progress=_progress, **common)
     decoders = [first]
     for _ in range(args.max_concurrency - 1):
         d = first.drafter

@@ -35,6 +35,7 @@ def run(models, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     rc = main(["bench", "--target", str(models / "target"), "--drafter", str(models / "drafter"),
                "--drafter", str(models / "twin"), "--methods", "ar,sd,slem,auto",
+               "--target-backend", "torch", "--drafter-backend", "torch", "--fixed-k",
                "--baseline", "hf", "--dataset", str(models / "prompts.jsonl"),
                "--max-new-tokens", str(MAX_NEW), "--no-warmup", "--out", str(out)])
     return rc, out, json.loads((out / "results.json").read_text())
@@ -57,8 +58,13 @@ def test_results_schema(run, models):
     assert meta["command"].startswith("anydraft bench --target")
     assert meta["settings"]["max_new_tokens"] == MAX_NEW
     assert meta["settings"]["methods"] == ["ar", "sd", "slem", "auto"]
+    assert meta["settings"]["target_backends"] == meta["settings"]["drafter_backends"] == ["torch"]
+    assert meta["settings"]["adaptive"] is False  # --fixed-k
     for row in res["results"]:
         assert set(ROW_KEYS) <= set(row), set(ROW_KEYS) - set(row)
+        assert row["target_backend"] == "torch"
+        assert row["drafter_backend"] == (None if row["method"] == "ar" else "torch")
+        assert row["speedup_vs_torch_ar"] == row["speedup_vs_ar"]
 
 
 def test_one_row_per_prompt_method_drafter(run, models):
@@ -114,16 +120,22 @@ def test_summary_tables(run):
     assert "bound S(a,k,c)" in text and "speedup vs hf" in text and "c (draft/target step)" in text
     assert "GREEDY MISMATCH" not in text
     assert "| code | ar |" in text and "| text | sd <- " in text
+    assert "speedup vs torch AR" not in text and "(torch)" not in text  # torch only: no backends
+    assert "k = 5 draft tokens" in text
 
 
 def test_json_mode_prints_results_and_no_progress(models, tmp_path, capsys):
-    rc = main(["bench", "--target", str(models / "target"), "--dataset", str(models / "prompts.jsonl"),
+    rc = main(["bench", "--target", str(models / "target"), "--drafter", str(models / "twin"),
+               "--methods", "ar,slem", "--dataset", str(models / "prompts.jsonl"),
                "--categories", "code", "--max-new-tokens", "4", "--no-warmup", "--no-plots",
                "--json", "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert rc == 0
     res = json.loads(captured.out)
-    assert [(r["prompt_id"], r["method"]) for r in res["results"]] == [("c1", "ar")]
+    assert [(r["prompt_id"], r["method"], r["drafter_backend"]) for r in res["results"]] == [
+        ("c1", "ar", None), ("c1", "slem", "torch")]
+    assert res["meta"]["settings"]["adaptive"] is True  # adaptive draft length by default
+    assert all(r["identical_to_ar"] for r in res["results"])
     assert "[1/1]" not in captured.err
 
 
@@ -135,6 +147,15 @@ def test_json_mode_prints_results_and_no_progress(models, tmp_path, capsys):
     (["--dataset", "/nonexistent/prompts.jsonl"], "neither 'builtin', 'spec-bench' nor an existing"),
     (["--categories", "nope"], "unknown category nope"),
     (["--baseline", "hf"], "--baseline hf needs a drafter"),
+    (["--draft-confidence", "1"], "--draft-confidence must be in [0, 1)"),
+    (["--target-backend", "cuda"],
+     "unknown backend 'cuda' in --target-backend: choose from torch, llamacpp"),
+    (["--target-backend", " , "], "--target-backend is empty: choose from torch, llamacpp"),
+    (["--drafter", "y", "--drafter-backend", "torch,gguf"],
+     "unknown backend 'gguf' in --drafter-backend: choose from torch, llamacpp"),
+    (["--drafter-backend", "llamacpp"], "--drafter-backend needs a drafter"),
+    (["--target-backend", "torch,llamacpp", "--device", "cuda"],
+     "the llamacpp backend runs on the CPU here"),
 ])
 def test_clear_errors_before_loading_models(tmp_path, capsys, extra, message):
     rc = main(["bench", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "o"),
@@ -158,3 +179,46 @@ def test_empty_dataset(tmp_path, capsys):
     rc = main(["bench", "--target", "x", "--dataset", str(empty), "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()  # nothing written for a run that cannot start
     assert rc == 2 and "has no prompts" in capsys.readouterr().err
+
+
+def test_several_backends_load_once_and_compare_per_backend(models, tmp_path, monkeypatch):
+    """The runner with two backends, the second a stand-in ("llamacpp" loads the torch model, so
+    no llama.cpp is needed): each model loads once per backend, AR runs per target backend."""
+    from anydraft.models import backends
+
+    loads = []
+
+    def fake_load(spec, backend="torch", *args, **kwargs):
+        if isinstance(spec, str):
+            loads.append((spec, backend))
+        return real_load(spec, "torch", *args, **kwargs)
+
+    real_load = backends.load
+    monkeypatch.setattr(backends, "load", fake_load)
+    twin = str(models / "twin")
+    rc = main(["bench", "--target", str(models / "target"), "--drafter", twin,
+               "--target-backend", "torch,llamacpp", "--drafter-backend", "torch,llamacpp",
+               "--methods", "ar,slem", "--baseline", "hf", "--dataset", str(models / "prompts.jsonl"),
+               "--categories", "code", "--max-new-tokens", "4", "--no-warmup", "--no-plots",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    assert sorted(loads) == sorted([(str(models / "target"), "torch"), (str(models / "target"), "llamacpp"),
+                                    (twin, "torch"), (twin, "llamacpp")])
+    res = json.loads((tmp_path / "results.json").read_text())
+    rows = res["results"]
+    assert [(r["method"], r["target_backend"], r["drafter_backend"]) for r in rows] == [
+        ("ar", "torch", None), ("slem", "torch", "torch"), ("hf", "torch", "torch"),
+        ("slem", "torch", "llamacpp"),
+        ("ar", "llamacpp", None), ("slem", "llamacpp", "torch"), ("slem", "llamacpp", "llamacpp")]
+    ar = {r["target_backend"]: r for r in rows if r["method"] == "ar"}
+    for r in rows:
+        assert r["identical_to_ar"] is True
+        assert r["speedup_vs_ar"] == pytest.approx(ar[r["target_backend"]]["seconds"] / r["seconds"])
+        assert r["speedup_vs_torch_ar"] == pytest.approx(ar["torch"]["seconds"] / r["seconds"])
+    notes = res["meta"]["notes"]
+    assert sum("assisted generation needs the torch backend" in n for n in notes) == 3
+    assert f"hf (llamacpp) <- {twin} (torch) skipped: transformers' assisted generation needs the " \
+           "torch backend for both the target and the drafter" in notes
+    text = (tmp_path / "summary.md").read_text()
+    assert "speedup vs torch AR" in text and "| code | ar (llamacpp) |" in text
+    assert f"| slem (torch) <- {twin} (llamacpp) |" in text

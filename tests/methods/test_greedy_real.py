@@ -1,6 +1,7 @@
 """Greedy exactness on real models: every method's output is token-identical to plain greedy
-decoding of the target (float32; the drafter in bfloat16), on Spec-Bench prompts of mixed
-categories, chat template."""
+decoding of the target (float32; the drafter in bfloat16, or quantized in llama.cpp), on
+Spec-Bench prompts of mixed categories, chat template. The draft length is fixed so that every
+step drafts (tests/methods/test_policy.py proves any schedule of draft lengths exact)."""
 
 import pytest
 
@@ -25,24 +26,42 @@ def mixed_prompts(n=10):
     return picked[:n]
 
 
-PAIRS = [
-    ("qwen2.5-coder-0.5b", "smollm2-135m", ["slem", "tli"]),  # greedy slrs is slem
-    ("smollm2-135m", "gemma3-270m", ["slem", "tli"]),
-    ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", ["sd"]),
+PAIRS = [  # target, drafter, drafter backend, methods
+    ("qwen2.5-coder-0.5b", "smollm2-135m", "torch", ["slem", "tli"]),  # greedy slrs is slem
+    ("qwen2.5-coder-0.5b", "smollm2-135m", "llamacpp", ["slem", "tli"]),
+    ("smollm2-135m", "gemma3-270m", "torch", ["slem", "tli"]),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "torch", ["sd"]),
 ]
+PLAIN = {}  # (target, prompt) -> plain greedy output, shared by the pairs of one target
+
+
+def drafter_model(real_model, name, backend):
+    """bfloat16 in PyTorch (faster here), or the GGUF as it is in llama.cpp: the drafter's
+    numerics must never change the output."""
+    if backend == "torch":
+        return real_model(name, "bfloat16")
+    from anydraft.models.llamacpp import LlamaCppModel
+    from anydraft.models.loading import resolve
+    from tests.conftest import require_llamacpp
+
+    require_llamacpp()
+    return LlamaCppModel.load(resolve(name))
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("target,drafter,methods", PAIRS, ids=[f"{t}<-{d}" for t, d, _ in PAIRS])
-def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, methods):
-    # the drafter runs in bfloat16 (faster here): its dtype must never change the output
+@pytest.mark.parametrize("target,drafter,backend,methods", PAIRS,
+                         ids=[f"{t}<-{d}-{b}" for t, d, b, _ in PAIRS])
+def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, backend, methods):
     dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
-                  drafter=real_model(drafter, "bfloat16"), drafter_tokenizer=load_tokenizer(drafter))
+                  drafter=drafter_model(real_model, drafter, backend),
+                  drafter_tokenizer=load_tokenizer(drafter), adaptive=False)
     prompts = mixed_prompts()
     assert len(prompts) == 10
     totals = dict.fromkeys(methods, 0)
     for prompt in prompts:
-        plain = dec.generate(prompt, max_new_tokens=MAX_NEW, method="ar")
+        if (target, prompt) not in PLAIN:
+            PLAIN[target, prompt] = dec.generate(prompt, max_new_tokens=MAX_NEW, method="ar")
+        plain = PLAIN[target, prompt]
         for method in methods:
             out = dec.generate(prompt, max_new_tokens=MAX_NEW, method=method)
             assert out.token_ids == plain.token_ids, (method, prompt[:60], out.text, plain.text)

@@ -189,7 +189,8 @@ def test_end_to_end_two_tokens_match_plain_sampling(real_model, method):
     target, drafter = "smollm2-135m", "gemma3-270m"
     tmodel, tok = real_model(target), load_tokenizer(target)
     dec = Decoder(target=tmodel, tokenizer=tok, drafter=real_model(drafter),
-                  drafter_tokenizer=load_tokenizer(drafter), num_draft_tokens=3)
+                  drafter_tokenizer=load_tokenizer(drafter), num_draft_tokens=3,
+                  adaptive=False)
     prompt = "Name one colour:"
     runs = 300
     seqs = [tuple(dec.generate(prompt, max_new_tokens=2, temperature=1.0, seed=s, chat=True,

@@ -1,0 +1,100 @@
+"""One loaded model, whatever runs it: PyTorch (transformers) or llama.cpp.
+
+Everything above the models layer asks a `LoadedModel` for sessions (`new_session`), its logits
+width, its context window and its end-of-generation ids, and never touches the backend itself.
+The tokenizer is always the transformers tokenizer of the same files (for a GGUF model, read
+from the GGUF): the bridge's byte tables come from it on either backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import AnydraftError
+from . import llamacpp
+from .loading import load_model, load_tokenizer, parse_dtype, resolve
+from .session import HFSession, Session, context_window
+
+BACKENDS = ("torch", "llamacpp")
+
+
+def check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise AnydraftError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel
+    tokenizer: object
+
+    @property
+    def backend(self) -> str:
+        return "llamacpp" if isinstance(self.model, llamacpp.LlamaCppModel) else "torch"
+
+    def new_session(self) -> Session:
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            return self.model.new_session()
+        return HFSession(self.model)
+
+    @property
+    def logits_width(self) -> int:
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            return self.model.vocab_size
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def context_window(self) -> int:
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            return self.model.max_length
+        return context_window(self.model)
+
+    @property
+    def device(self):
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            import torch
+
+            return torch.device("cpu")
+        return next(self.model.parameters()).device
+
+    @property
+    def model_eos_ids(self) -> set[int]:
+        """End-of-generation ids the model files declare beyond the tokenizer's EOS."""
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            return set(self.model.eos_ids)
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            return set()
+        return set(eos if isinstance(eos, list) else [eos])
+
+
+def load(spec, backend: str = "torch", tokenizer=None, dtype="float32", device: str = "cpu",
+         progress=None) -> LoadedModel:
+    """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
+
+    ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion); ``dtype``
+    applies to the torch backend only.
+    """
+    check_backend(backend)
+    if not isinstance(spec, str):
+        if tokenizer is None:
+            raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
+        if isinstance(spec, llamacpp.LlamaCppModel):
+            return LoadedModel(spec.name, spec, tokenizer)
+        name = getattr(getattr(spec, "config", None), "_name_or_path", None) or type(spec).__name__
+        return LoadedModel(name, spec.eval(), tokenizer)
+    if backend == "llamacpp":
+        source = resolve(spec)
+        if source.gguf_file is None:
+            raise AnydraftError(
+                f"the llamacpp backend reads GGUF files, and {spec!r} is not one: pass a catalog "
+                "name or a .gguf file, or use the torch backend for this model")
+        if str(device) != "cpu":
+            raise AnydraftError("the llamacpp backend runs on the CPU here: use device='cpu'")
+        model = llamacpp.LlamaCppModel.load(source, progress=progress)
+    else:
+        parse_dtype(dtype)
+        model = load_model(spec, dtype=dtype, device=device, progress=progress)
+    return LoadedModel(spec, model, tokenizer or load_tokenizer(spec))

@@ -1,0 +1,190 @@
+"""The llama.cpp backend (``pip install anydraft[llamacpp]``): GGUF models as they are, quantized.
+
+A `LlamaCppModel` holds the weights (one ``llama_model``, loaded with mmap in well under a
+second); each `LlamaCppSession` gets its own llama.cpp context, i.e. its own KV cache, so
+sessions never disturb each other and a server's workers can share one model. A session
+implements the `Session` protocol of session.py: ``feed`` decodes the tokens in batches of
+``n_batch`` and asks llama.cpp for logits only at the rows wanted; ``rollback(n)`` removes the
+KV cache entries at positions ``>= n``.
+
+Token ids are the GGUF vocabulary's, which the transformers tokenizer read from the same file
+reproduces (tests/models/test_llamacpp.py proves it over a fuzzed corpus).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import AnydraftError
+
+# A context this long is allocated per session (KV cache, f16). The models' training windows
+# (8k-32k) would cost up to ~1 GB each; override with $ANYDRAFT_LLAMACPP_CONTEXT.
+DEFAULT_CONTEXT = 8192
+BATCH = 512
+
+
+_quiet = None  # the log callback installed by _lib (kept alive here)
+
+
+def _lib():
+    global _quiet
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise AnydraftError(
+            "the llamacpp backend needs llama-cpp-python: pip install 'anydraft[llamacpp]' "
+            "(it compiles llama.cpp, a few minutes), or use the torch backend"
+        ) from exc
+    if _quiet is None:  # llama.cpp logs every tensor it loads: keep only its errors
+        def log(level, text, user_data):
+            if level == 3:  # GGML_LOG_LEVEL_ERROR
+                sys.stderr.write(text.decode(errors="replace"))
+
+        _quiet = llama_cpp.llama_log_callback(log)
+        llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def _threads() -> int:
+    return int(os.environ.get("ANYDRAFT_LLAMACPP_THREADS", 0)) or (os.cpu_count() or 1)
+
+
+class LlamaCppModel:
+    """A GGUF model loaded by llama.cpp (weights only; sessions bring their own context)."""
+
+    def __init__(self, name: str, path: str, context: int | None = None):
+        lib = _lib()
+        self.name, self.path = name, path
+        params = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(path.encode(), params)
+        if not self._model:
+            raise AnydraftError(f"llama.cpp could not load {path!r}: is it a complete GGUF file?")
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
+        train = int(lib.llama_model_n_ctx_train(self._model))
+        wanted = context or int(os.environ.get("ANYDRAFT_LLAMACPP_CONTEXT", 0)) or DEFAULT_CONTEXT
+        self.max_length = min(train, wanted) if train > 0 else wanted
+        eos = {int(lib.llama_vocab_eos(self._vocab)), int(lib.llama_vocab_eot(self._vocab))}
+        self.eos_ids = frozenset(i for i in eos if i >= 0)
+        self._lib = lib
+
+    @classmethod
+    def load(cls, source, progress=None) -> LlamaCppModel:
+        start = time.perf_counter()
+        model = cls(source.name, os.path.join(source.path, source.gguf_file))
+        if progress:
+            progress(f"loaded {source.name} (llama.cpp, {source.gguf_file}) in "
+                     f"{time.perf_counter() - start:.1f} s")
+        return model
+
+    def new_session(self) -> LlamaCppSession:
+        return LlamaCppSession(self)
+
+    def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """llama.cpp's own tokenizer (used to prove the transformers tokenizer agrees)."""
+        lib = self._lib
+        size = len(text) + 16
+        buf = (lib.llama_token * size)()
+        n = lib.llama_tokenize(self._vocab, text, len(text), buf, size, add_special, parse_special)
+        if n < 0:
+            size = -n
+            buf = (lib.llama_token * size)()
+            n = lib.llama_tokenize(self._vocab, text, len(text), buf, size, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_piece(self, token: int, special: bool = True) -> bytes:
+        """The bytes llama.cpp renders for one token (its own vocabulary)."""
+        buf = ctypes.create_string_buffer(256)
+        n = self._lib.llama_token_to_piece(self._vocab, token, buf, 256, 0, special)
+        return buf.raw[:max(n, 0)]
+
+    def __del__(self):
+        model = getattr(self, "_model", None)
+        if model:
+            self._lib.llama_model_free(model)
+            self._model = None
+
+
+class LlamaCppSession:
+    """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
+
+    def __init__(self, model: LlamaCppModel):
+        lib = model._lib
+        self._lib, self._owner = lib, model  # the owner keeps the weights alive
+        self.vocab_size = model.vocab_size
+        self.max_length = model.max_length
+        params = lib.llama_context_default_params()
+        params.n_ctx = model.max_length
+        params.n_batch = params.n_ubatch = BATCH
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = _threads()
+        params.swa_full = True  # sliding-window layers (Gemma-3) keep every position: rollback
+        self._ctx = lib.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise AnydraftError(f"llama.cpp could not create a context of {model.max_length} tokens "
+                                f"for {model.name}: set ANYDRAFT_LLAMACPP_CONTEXT lower")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(BATCH, 0, 1)
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        n = len(ids)
+        assert n > 0, "feed needs at least one token"
+        rows = n if rows is None else rows
+        assert 0 < rows <= n
+        if self._length + n > self.max_length:
+            raise AnydraftError(
+                f"sequence would reach {self._length + n} tokens, beyond the llama.cpp context of "
+                f"{self.max_length}: shorten the prompt or lower max_new_tokens")
+        lib, batch = self._lib, self._batch
+        out = np.empty((rows, self.vocab_size), dtype=np.float32)
+        first_row = n - rows
+        for start in range(0, n, BATCH):
+            chunk = ids[start:start + BATCH]
+            wanted = []
+            for j, token in enumerate(chunk):
+                i = start + j
+                batch.token[j] = token
+                batch.pos[j] = self._length + i
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = i >= first_row
+                if i >= first_row:
+                    wanted.append(j)
+            batch.n_tokens = len(chunk)
+            status = lib.llama_decode(self._ctx, batch)
+            if status != 0:
+                self.rollback(self._length)  # drop whatever the failed call left behind
+                raise AnydraftError(f"llama.cpp decode failed (status {status})")
+            for j in wanted:
+                row = lib.llama_get_logits_ith(self._ctx, j)
+                out[start + j - first_row] = np.ctypeslib.as_array(row, shape=(self.vocab_size,))
+        self._length += n
+        return torch.from_numpy(out)
+
+    def rollback(self, n: int) -> None:
+        assert 0 <= n <= self._length, (n, self._length)
+        self._lib.llama_memory_seq_rm(self._memory, 0, n, -1)
+        self._length = n
+
+    def __del__(self):
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+            self._ctx = None

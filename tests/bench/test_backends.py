@@ -1,0 +1,130 @@
+"""`anydraft bench` with several backends: option parsing, labels and columns (hand-made rows),
+and, when llama-cpp-python and the GGUF are there, one tiny real llamacpp run."""
+
+import json
+
+import pytest
+
+from anydraft.bench.cli import register, settings_from_args
+from anydraft.bench.report import build_meta, group_rows, labeller, write_summary
+from anydraft.bench.runner import BenchSettings
+from anydraft.cli import main
+
+
+def _args(*argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", "--target", "t", *argv])
+
+
+def test_backend_lists_and_fixed_k_reach_the_settings():
+    s = settings_from_args(_args("--drafter", "d", "--target-backend", "torch, llamacpp,torch",
+                                 "--drafter-backend", "llamacpp", "--fixed-k"))
+    assert s.target_backends == ["torch", "llamacpp"] and s.drafter_backends == ["llamacpp"]
+    assert s.adaptive is False
+    s = settings_from_args(_args())
+    assert s.target_backends == s.drafter_backends == ["torch"] and s.adaptive is True
+
+
+def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, torch_ar_tps=10.0, category="code"):
+    drafting = method != "ar"
+    return {
+        "prompt_id": "p1", "category": category, "method": method, "drafter": drafter,
+        "target_backend": tb, "drafter_backend": db, "new_tokens": 10, "seconds": 10 / tps,
+        "tokens_per_s": tps, "speedup_vs_ar": tps / ar_tps, "speedup_vs_torch_ar": tps / torch_ar_tps,
+        "speedup_vs_hf": None, "acceptance": 0.5 if drafting else None,
+        "acceptance_per_token": 0.7 if drafting else None, "mean_accepted": 2.0 if drafting else 1.0,
+        "drafted": 10 if drafting else 0, "accepted": 5 if drafting else 0, "target_calls": 5,
+        "cost_ratio": 0.3 if drafting else None, "bound": 1.5 if drafting else None,
+        "identical_to_ar": True,
+    }
+
+
+def _all_combinations():
+    """torch and llamacpp targets (AR 10 and 20 tok/s), drafter d on torch and llamacpp."""
+    rows = []
+    for tb, ar_tps in (("torch", 10.0), ("llamacpp", 20.0)):
+        rows.append(_row("ar", tb, tps=ar_tps, ar_tps=ar_tps))
+        rows += [_row("slem", tb, "d", db, tps=30.0, ar_tps=ar_tps) for db in ("torch", "llamacpp")]
+    return rows
+
+
+def _labels(rows):
+    return [key[0] for key in group_rows(rows, False)]
+
+
+def test_labels_name_backends_only_where_they_tell_rows_apart():
+    torch_only = [_row("ar", "torch"), _row("slem", "torch", "d", "torch")]
+    assert _labels(torch_only) == ["ar", "slem <- d"]  # as before backends existed
+    drafters = torch_only + [_row("slem", "torch", "d", "llamacpp")]
+    assert _labels(drafters) == ["ar", "slem <- d (torch)", "slem <- d (llamacpp)"]
+    llama_target = [_row("ar", "llamacpp"), _row("slem", "llamacpp", "d", "torch")]
+    assert _labels(llama_target) == ["ar (llamacpp)", "slem (llamacpp) <- d"]
+    assert _labels(_all_combinations()) == [
+        "ar (torch)", "slem (torch) <- d (torch)", "slem (torch) <- d (llamacpp)",
+        "ar (llamacpp)", "slem (llamacpp) <- d (torch)", "slem (llamacpp) <- d (llamacpp)"]
+    assert labeller(drafters)(drafters[-1]) == "slem <- d (llamacpp)"
+
+
+def _summary(tmp_path, rows, target_backends, drafter_backends):
+    settings = BenchSettings(target="t", drafters=["d"], methods=["ar", "slem"],
+                             target_backends=target_backends, drafter_backends=drafter_backends)
+    prompts = [{"id": "p1", "category": "code", "prompt": "x"}]
+    meta = build_meta(settings, "anydraft bench --target t", prompts, "builtin")
+    return write_summary(tmp_path, meta, rows, []).read_text()
+
+
+def _table_rows(text, label):
+    return [line.split(" | ") for line in text.splitlines() if line.startswith(f"| {label} |")]
+
+
+def test_summary_column_vs_torch_ar_only_with_several_target_backends(tmp_path):
+    text = _summary(tmp_path, _all_combinations(), ["torch", "llamacpp"], ["torch", "llamacpp"])
+    head = text.splitlines()[text.splitlines().index("## Per method (all prompts)") + 2]
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert cols[4:6] == ["speedup vs AR", "speedup vs torch AR"]
+    # AR on llamacpp: 1.00x against itself, 2.00x against torch AR
+    (ar_llama,) = _table_rows(text, "ar (llamacpp)")
+    assert ar_llama[4:6] == ["1.00x", "2.00x"]
+    (slem,) = _table_rows(text, "slem (llamacpp) <- d (torch)")
+    assert slem[4:6] == ["1.50x", "3.00x"]
+    assert "backends: target torch,llamacpp, drafter torch,llamacpp" in text
+    assert "adaptive draft length k <= 5" in text
+    assert "- speedup vs torch AR:" in text
+
+    one_target = [r for r in _all_combinations() if r["target_backend"] == "torch"]
+    text = _summary(tmp_path, one_target, ["torch"], ["torch", "llamacpp"])
+    assert "speedup vs torch AR" not in text
+    assert _table_rows(text, "ar") and _table_rows(text, "slem <- d (llamacpp)")
+
+
+def test_plots_with_several_backends(tmp_path):
+    pytest.importorskip("matplotlib")
+    from anydraft.bench.plots import write_plots
+
+    rows = _all_combinations() + [dict(r, prompt_id="p2", category="text") for r in _all_combinations()]
+    names = write_plots(tmp_path, rows, 5)
+    assert all((tmp_path / n).stat().st_size > 0 for n in names) and len(names) == 3
+
+
+@pytest.mark.real
+def test_real_llamacpp_target_and_drafter(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from anydraft.models.catalog import CATALOG
+
+    if not CATALOG["smollm2-135m"].installed:
+        pytest.skip("smollm2-135m not installed (anydraft models install smollm2-135m)")
+    rc = main(["bench", "--target", "smollm2-135m", "--drafter", "smollm2-135m",
+               "--target-backend", "llamacpp", "--drafter-backend", "llamacpp", "--methods", "ar,sd",
+               "--fixed-k", "--categories", "code", "--n", "1", "--max-new-tokens", "8",
+               "--no-warmup", "--no-plots", "--out", str(tmp_path)])
+    # quantized kernels score a batch slightly differently from one token at a time, so a
+    # greedy mismatch (exit status 1) is reported, not asserted away here
+    assert rc in (0, 1)
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["method"], r["target_backend"], r["drafter_backend"]) for r in res["results"]] == [
+        ("ar", "llamacpp", None), ("sd", "llamacpp", "llamacpp")]
+    assert all(r["speedup_vs_torch_ar"] is None for r in res["results"])  # no torch target
+    assert "| code | ar (llamacpp) |" in (tmp_path / "summary.md").read_text()

@@ -1,0 +1,137 @@
+"""Adaptive draft length: the choice follows the measured costs, and no schedule of draft
+lengths (0 included) changes what any method samples."""
+
+import pytest
+
+from anydraft.methods import (
+    SpeculativeSampling,
+    StringLevelExactMatch,
+    StringLevelRejectionSampling,
+    TokenLevelIntersection,
+)
+from anydraft.methods.policy import Acceptance, Costs, DraftPlan, _Mean, expected_tokens, room
+from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
+from tests.methods.toys import Toys, params
+
+
+def costs(target: dict, draft: float, overhead: float = 0.0) -> Costs:
+    c = Costs()
+    for n, seconds in target.items():
+        c.target[n] = _Mean(seconds)
+    c.draft = _Mean(draft)
+    c.overhead = _Mean(overhead)
+    return c
+
+
+def acceptance(a: float, ratio: float = 1.0) -> Acceptance:
+    return Acceptance(_Mean(a), _Mean(1 - a), _Mean(ratio))
+
+
+def test_expected_tokens_matches_the_geometric_sum():
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.0, 5) == 1
+    assert expected_tokens(1.0, 3) == 4
+
+
+def test_target_cost_curve_interpolates_and_extrapolates():
+    c = costs({1: 1.0, 5: 2.0}, draft=0.1)
+    assert c.target_seconds(3) == pytest.approx(1.5)
+    assert c.target_seconds(9) == pytest.approx(3.0)
+    assert costs({3: 2.0}, 0.1).target_seconds(7) == 2.0  # one size seen: flat
+    assert Costs().target_seconds(1) is None
+
+
+@pytest.mark.parametrize("case, want", [
+    # cheap drafter, high acceptance, flat target curve (PyTorch bf16): draft the most
+    (dict(target={1: 0.2, 6: 0.21}, draft=0.01, a=0.9), 8),
+    # a drafter as slow as the target: never worth it
+    (dict(target={1: 0.2, 6: 0.25}, draft=0.2, a=0.6), 0),
+    # scoring costs M times one token (llama.cpp target on 2 cores): never worth it
+    (dict(target={1: 0.03, 9: 0.27}, draft=0.009, a=0.7), 0),
+    # poor acceptance: plain steps
+    (dict(target={1: 0.2, 6: 0.3}, draft=0.03, a=0.1), 0),
+])
+def test_choice_follows_the_costs(case, want):
+    plan = DraftPlan(8, True, costs(case["target"], case["draft"]), acceptance(case["a"]))
+    assert plan.choose() == want
+
+
+def test_middle_ground_picks_a_short_draft():
+    plan = DraftPlan(8, True, costs({1: 0.2, 3: 0.24, 9: 0.6}, 0.03), acceptance(0.6))
+    assert 1 <= plan.choose() < 8
+
+
+class FakeState:
+    """Enough of a DecodeState for DraftPlan.k/close."""
+
+    def __init__(self):
+        from anydraft.decoding.stats import Stats
+
+        self.stats = Stats()
+        self.committed = [0] * 10
+        self.budget = 100
+        self.pending = [0]
+        self.target = type("T", (), {"max_length": 1000, "rollback": lambda self, n: None})()
+
+
+def test_plain_steps_probe_with_backoff():
+    """When speculation loses, drafting resumes only as short probes, ever rarer."""
+    plan = DraftPlan(5, True, costs({1: 0.2, 6: 0.25}, 0.2), acceptance(0.3))
+    state = FakeState()
+    plan.steps = 2  # past the measuring steps
+    ks = []
+    for _ in range(16 + 32 + 1):
+        ks.append(plan.k(state))
+    probes = [i for i, k in enumerate(ks) if k]
+    assert probes == [15, 47] and all(ks[i] == 2 for i in probes)
+
+
+def test_fixed_plan_always_drafts_k():
+    plan = DraftPlan(4, False, Costs(), Acceptance())
+    state = FakeState()
+    for _ in range(3):
+        assert plan.k(state) == 4
+        plan.close(state, [1, 2, 3, 4], 2)
+    assert state.stats.drafted == 12 and not plan.costs.target  # nothing learned
+
+
+def test_adaptive_plan_learns_costs_and_acceptance():
+    plan = DraftPlan(4, True, Costs(), Acceptance())
+    state = FakeState()
+    for accepted in (0, 3, 3, 3, 3):  # the first step reads the prompt: not learned from
+        plan.k(state)
+        state.stats.drafter_calls += 4
+        state.stats.phase_seconds["target"] += 0.1
+        state.stats.phase_seconds["draft"] += 0.04
+        plan.close(state, [1, 2, 3, 4], accepted)
+    assert plan.costs.target[5].value == pytest.approx(0.1)
+    assert plan.costs.draft.value == pytest.approx(0.01)
+    assert plan.acc.a > 0.7  # 3 of 4 accepted, then a rejection, four times over a 0.5 prior
+
+
+# -- any schedule of draft lengths is exact ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def toys():
+    return Toys()
+
+
+@pytest.mark.parametrize("method", ["slem", "tli", "slrs", "sd"])
+def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, monkeypatch):
+    """k = 0, 1, 2 by position (a plain step included) through the real loop, enumerated."""
+    import dataclasses
+
+    from tests.methods.toys import TARGET_VOCAB, ToySession
+
+    monkeypatch.setattr(DraftPlan, "k", lambda self, state: min(len(state.committed) % 3, room(state)))
+    p = params(temperature=0.8, top_k=4)
+    want = toys.exact_target_distribution(PROMPT, p, 3)
+    pairing = toys.pairing(num_draft_tokens=2)
+    if method == "sd":
+        pairing = dataclasses.replace(
+            pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
+            new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
+    make = {"slem": StringLevelExactMatch, "tli": TokenLevelIntersection,
+            "slrs": StringLevelRejectionSampling, "sd": SpeculativeSampling}[method]
+    got, _ = toys.method_distribution(lambda: make(pairing), PROMPT, p, 3)
+    assert_same_distribution(got, want)
