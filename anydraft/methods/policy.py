@@ -3,20 +3,22 @@
 Adaptive drafting picks the draft length k (0 = a plain target step) that maximises expected
 committed tokens per second, from online measurements:
 
-- ``a``: the chance that a candidate is accepted given that the ones before it were. With m
-  candidates a step commits ``E(m) = (1 - a^(m+1)) / (1 - a)`` tokens in expectation (Leviathan
-  et al., "Fast Inference from Transformers via Speculative Decoding", ICML 2023, eq. 1).
-  Estimated from (offered, accepted) counts, a censored geometric: accepted / (accepted +
-  rejections), with older steps forgotten geometrically.
+- ``a_i``: the chance that the i-th candidate is accepted given that the ones before it were.
+  With m candidates a step commits ``E(m) = 1 + a_1 + a_1 a_2 + ... + a_1...a_m`` tokens in
+  expectation (with one constant a this is Leviathan et al., "Fast Inference from Transformers
+  via Speculative Decoding", ICML 2023, eq. 1). One a per position, not a constant: acceptance
+  rises along a draft (a drafter that got two tokens right is on familiar text), and a single
+  a measured on short drafts would undervalue long ones. Each a_i is a running mean of
+  accepted/rejected at position i, over the steps that reached it.
 - ``r``: target candidates per drafter token (a cross-vocabulary bridge re-tokenises).
 - ``d``: seconds per drafter forward pass; ``o``: the rest of a step (translation, verification).
 - ``T(n)``: the target's measured time to score n tokens in one call. It is a curve, not a
   constant (PyTorch bf16 here: 9 tokens ~1.07x one token; fp32 ~2.3x; llama.cpp ~7.5x), kept as
-  one running mean per n and interpolated linearly between the sizes seen.
+  one running mean per n, with a straight line fitted through them.
 
 A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. When no k
-beats the plain step, the method runs plain steps and probes again with a short draft after
-16, 32, 64, ... plain steps (the probe refreshes ``a``; backing off keeps its cost negligible
+beats the plain step, the method runs plain steps and probes again with a full draft after
+16, 32, 64, ... plain steps (the probe refreshes the a_i; backing off keeps its cost negligible
 when speculation cannot win). The estimates live in the `Pairing`, so a pair's next request
 starts from what the last one learned.
 
@@ -27,7 +29,6 @@ for run-to-run identical seeded samples.
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -61,28 +62,47 @@ class Costs:
     plain_overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a plain step
 
     def target_seconds(self, n: float) -> float | None:
-        """T(n), interpolated (and extrapolated) linearly between the sizes measured."""
-        known = sorted((m, mean.value) for m, mean in self.target.items())
-        if not known:
+        """T(n) from a straight line fitted to the per-size means (weighted by how much each
+        size was seen; one size seen: flat). A line rides over the noise of single sizes."""
+        points = [(m, mean.value, mean.weight) for m, mean in self.target.items()]
+        if not points:
             return None
-        if len(known) == 1:
-            return known[0][1]  # one size seen: assume flat (optimistic; corrected once seen)
-        i = min(max(bisect.bisect_left(known, (n,)), 1), len(known) - 1)
-        lo, hi = known[i - 1], known[i]  # the segment around n, or the nearest one
-        slope = max(0.0, (hi[1] - lo[1]) / (hi[0] - lo[0]))
-        return max(1e-6, lo[1] + slope * (n - lo[0]))
+        w = sum(p[2] for p in points)
+        mx = sum(p[0] * p[2] for p in points) / w
+        my = sum(p[1] * p[2] for p in points) / w
+        sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points)
+        slope = max(0.0, sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / sxx) if sxx else 0.0
+        return max(1e-6, my + slope * (n - mx))
 
 
-@dataclass
 class Acceptance:
-    accepted: _Mean = field(default_factory=lambda: _Mean(1.0, 1.0))  # prior: a = 0.5
-    rejected: _Mean = field(default_factory=lambda: _Mean(1.0, 1.0))
-    ratio: _Mean = field(default_factory=lambda: _Mean(1.0, 1.0))  # candidates per drafter token
+    """Per-position acceptance a_1, a_2, ... (prior 0.5 each) and candidates per drafter token."""
 
-    @property
-    def a(self) -> float:
-        acc, rej = self.accepted.value, self.rejected.value
-        return min(0.999, acc / (acc + rej)) if acc + rej > 0 else 0.5
+    def __init__(self):
+        self.positions: list[_Mean] = []
+        self.ratio = _Mean(1.0, 1.0)
+
+    def a(self, i: int) -> float:
+        """a_i for i = 1, 2, ...; past the longest draft seen, the last position's."""
+        if not self.positions:
+            return 0.5
+        return self.positions[min(i, len(self.positions)) - 1].value
+
+    def add(self, offered: int, accepted: int) -> None:
+        """A step offered ``offered`` candidates; the first ``accepted`` were accepted."""
+        while len(self.positions) < offered:
+            self.positions.append(_Mean(0.5, 1.0))
+        for i in range(min(accepted + 1, offered)):
+            self.positions[i].add(1.0 if i < accepted else 0.0)
+
+    def expected_tokens(self, m: float) -> float:
+        """Tokens a step commits with m candidates: the accepted ones plus the target's own."""
+        total, run, i = 1.0, 1.0, 1
+        while i <= m:
+            run *= self.a(i)
+            total += run
+            i += 1
+        return total + (m - (i - 1)) * run * self.a(i)  # a fractional last candidate
 
 
 def room(state) -> int:
@@ -90,11 +110,6 @@ def room(state) -> int:
     and one token of the step is always the target's own, so drafts beyond the remaining
     budget minus one would be thrown away."""
     return max(0, min(state.target.max_length - len(state.committed), state.budget) - 1)
-
-
-def expected_tokens(a: float, m: float) -> float:
-    """Tokens a step commits with m candidates: the accepted ones plus the target's own."""
-    return m + 1 if a >= 1 else (1 - a ** (m + 1)) / (1 - a)
 
 
 class DraftPlan:
@@ -116,10 +131,10 @@ class DraftPlan:
         if plain is None or d is None:
             return self.max_k  # nothing measured yet: draft, and learn from it
         best_k, best_rate = 0, 1.0 / (plain + c.plain_overhead.value)
-        a, r = acc.a, acc.ratio.value
+        r = acc.ratio.value
         for k in range(1, self.max_k + 1):
             m = r * k
-            rate = expected_tokens(a, m) / (k * d + c.target_seconds(1 + m) + c.overhead.value)
+            rate = acc.expected_tokens(m) / (k * d + c.target_seconds(1 + m) + c.overhead.value)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -131,10 +146,8 @@ class DraftPlan:
                         len(state.pending))
         if not self.adaptive:
             k = self.max_k
-        elif self.steps == 0:
-            k = 0  # the first step also reads the prompt: its cost says nothing about drafting
-        elif self.steps == 1 and self.costs.target_seconds(1) is None:
-            k = 0  # measure a plain step once per pair
+        elif self.steps == 1 and 1 not in self.costs.target:
+            k = 0  # measure a plain step once per pair (step 0 also reads the prompt: not used)
         else:
             k = self.choose()
             if k:
@@ -142,7 +155,7 @@ class DraftPlan:
             else:
                 self.plain_streak += 1
                 if self.plain_streak >= self.probe_after:
-                    k = min(2, self.max_k)
+                    k = self.max_k
                     self.plain_streak = 0
                     self.probe_after = min(PROBE_MAX, self.probe_after * 2)
         return min(k, room(state))
@@ -170,5 +183,4 @@ class DraftPlan:
         else:
             c.plain_overhead.add(max(0.0, wall - draft - target))
         if candidates:
-            self.acc.accepted.add(n)
-            self.acc.rejected.add(1.0 if n < len(candidates) else 0.0)
+            self.acc.add(len(candidates), n)

@@ -9,7 +9,7 @@ from anydraft.methods import (
     StringLevelRejectionSampling,
     TokenLevelIntersection,
 )
-from anydraft.methods.policy import Acceptance, Costs, DraftPlan, _Mean, expected_tokens, room
+from anydraft.methods.policy import Acceptance, Costs, DraftPlan, _Mean, room
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import Toys, params
 
@@ -23,14 +23,29 @@ def costs(target: dict, draft: float, overhead: float = 0.0) -> Costs:
     return c
 
 
-def acceptance(a: float, ratio: float = 1.0) -> Acceptance:
-    return Acceptance(_Mean(a), _Mean(1 - a), _Mean(ratio))
+def acceptance(*a: float, ratio: float = 1.0) -> Acceptance:
+    acc = Acceptance()
+    acc.positions = [_Mean(x) for x in a]
+    acc.ratio = _Mean(ratio)
+    return acc
 
 
-def test_expected_tokens_matches_the_geometric_sum():
-    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
-    assert expected_tokens(0.0, 5) == 1
-    assert expected_tokens(1.0, 3) == 4
+def test_expected_tokens_multiplies_the_acceptance_along_the_draft():
+    assert acceptance(0.5).expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)  # constant a
+    assert acceptance(0.5, 0.8).expected_tokens(3) == pytest.approx(1 + 0.5 + 0.4 + 0.32)
+    assert acceptance(0.5, 0.8).expected_tokens(1.5) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
+    assert acceptance(0.0).expected_tokens(5) == 1
+    assert acceptance(1.0).expected_tokens(3) == 4
+    assert Acceptance().expected_tokens(1) == 1.5  # prior
+
+
+def test_acceptance_counts_only_the_positions_a_step_reached():
+    acc = Acceptance()
+    acc.add(4, 1)  # position 1 accepted, 2 rejected, 3 and 4 never judged
+    # prior 0.5 worth one step, forgetting 0.9: (0.5 * 0.9 + 1) / 1.9
+    assert [round(p.value, 3) for p in acc.positions] == [0.763, 0.237, 0.5, 0.5]
+    acc.add(2, 2)  # both accepted: nothing rejected
+    assert acc.a(2) > 0.25 and acc.a(9) == acc.a(4)
 
 
 def test_target_cost_curve_interpolates_and_extrapolates():
@@ -61,6 +76,13 @@ def test_middle_ground_picks_a_short_draft():
     assert 1 <= plan.choose() < 8
 
 
+def test_rising_acceptance_favours_long_drafts():
+    """The same first position; acceptance that rises along the draft makes long drafts pay."""
+    c = costs({1: 0.09, 6: 0.106}, 0.01)
+    assert DraftPlan(5, True, c, acceptance(0.5)).choose() == 2
+    assert DraftPlan(5, True, c, acceptance(0.5, 0.9, 0.9, 0.9, 0.9)).choose() == 5
+
+
 class FakeState:
     """Enough of a DecodeState for DraftPlan.k/close."""
 
@@ -83,7 +105,7 @@ def test_plain_steps_probe_with_backoff():
     for _ in range(16 + 32 + 1):
         ks.append(plan.k(state))
     probes = [i for i, k in enumerate(ks) if k]
-    assert probes == [15, 47] and all(ks[i] == 2 for i in probes)
+    assert probes == [15, 47] and all(ks[i] == 5 for i in probes)
 
 
 def test_fixed_plan_always_drafts_k():
@@ -106,7 +128,7 @@ def test_adaptive_plan_learns_costs_and_acceptance():
         plan.close(state, [1, 2, 3, 4], accepted)
     assert plan.costs.target[5].value == pytest.approx(0.1)
     assert plan.costs.draft.value == pytest.approx(0.01)
-    assert plan.acc.a > 0.7  # 3 of 4 accepted, then a rejection, four times over a 0.5 prior
+    assert plan.acc.a(1) > 0.8 and plan.acc.a(4) < 0.2  # 3 of 4 accepted, four times
 
 
 # -- any schedule of draft lengths is exact ------------------------------------------------
