@@ -15,7 +15,8 @@ $(BIN)/python:
 install: $(BIN)/python
 	# torch first and pinned: the CPU wheel lies on local disk; unpinned, pip pulls a CUDA build
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# the dev extra includes llama-cpp-python, which pip compiles from source: use every core
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[dev]'
 
 demo: install
 	$(BIN)/anydraft models install $(DEMO_MODELS)

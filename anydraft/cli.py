@@ -167,8 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--target", default="qwen2.5-coder-0.5b")
     d.add_argument("--drafter", default="smollm2-135m")
     d.add_argument("--method", default="auto")
+    d.add_argument("--dtype", default="bfloat16",
+                   help="the target's dtype, for plain decoding and anydraft alike")
     d.add_argument("--drafter-dtype", default="bfloat16",
                    help="the drafter's dtype never changes the output; bfloat16 is faster here")
+    d.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
+                   help="default: llamacpp when llama-cpp-python is installed (a drafter step "
+                        "costs ~4x less there), else torch")
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
     d.set_defaults(func=cmd_demo)

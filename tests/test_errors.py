@@ -59,3 +59,13 @@ def test_cli_errors_exit_nonzero_without_traceback(capsys):
     err = capsys.readouterr().err
     assert err.startswith("anydraft: error: unknown model") and "Traceback" not in err
     assert main(["generate", "--target", "x", "--prompt", "hi", "--temperature", "-1"]) == 2
+
+
+def test_backend_errors_name_the_fix(tmp_path):
+    with pytest.raises(AnydraftError, match="unknown backend 'cuda': choose one of torch, llamacpp"):
+        Decoder(target="no-such-model", backend="cuda")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(AnydraftError, match="llamacpp backend reads GGUF files"):
+        Decoder(target=str(tmp_path), backend="llamacpp")
+    with pytest.raises(AnydraftError, match="unknown backend"):
+        Decoder(target="no-such-model", drafter="x", drafter_backend="onnx")

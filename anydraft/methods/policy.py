@@ -76,11 +76,15 @@ class Costs:
 
 
 class Acceptance:
-    """Per-position acceptance a_1, a_2, ... (prior 0.5 each) and candidates per drafter token."""
+    """Per-position acceptance a_1, a_2, ... (prior 0.5 each), candidates per drafter token,
+    and the probing schedule of one (pair, method, greedy or not)."""
 
     def __init__(self):
         self.positions: list[_Mean] = []
         self.ratio = _Mean(1.0, 1.0)
+        # plain steps since drafting last won, and after how many to probe (kept across
+        # requests: a pair that cannot win is probed ever more rarely, not once per request)
+        self.plain_streak, self.probe_after = 0, PROBE_FIRST
 
     def a(self, i: int) -> float:
         """a_i for i = 1, 2, ...; past the longest draft seen, the last position's."""
@@ -121,7 +125,6 @@ class DraftPlan:
         self.max_k, self.adaptive, self.drafter = max_k, adaptive, drafter
         self.costs, self.acc = costs, acceptance
         self.steps = 0
-        self.plain_streak, self.probe_after = 0, PROBE_FIRST
 
     def choose(self) -> int:
         """The k with the most expected tokens per second (0 = a plain target step)."""
@@ -150,14 +153,15 @@ class DraftPlan:
             k = 0  # measure a plain step once per pair (step 0 also reads the prompt: not used)
         else:
             k = self.choose()
+            acc = self.acc
             if k:
-                self.plain_streak, self.probe_after = 0, PROBE_FIRST
+                acc.plain_streak, acc.probe_after = 0, PROBE_FIRST
             else:
-                self.plain_streak += 1
-                if self.plain_streak >= self.probe_after:
+                acc.plain_streak += 1
+                if acc.plain_streak >= acc.probe_after:
                     k = self.max_k
-                    self.plain_streak = 0
-                    self.probe_after = min(PROBE_MAX, self.probe_after * 2)
+                    acc.plain_streak = 0
+                    acc.probe_after = min(PROBE_MAX, acc.probe_after * 2)
         return min(k, room(state))
 
     def close(self, state, candidates: list[int], n: int) -> None:

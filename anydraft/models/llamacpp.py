@@ -1,8 +1,9 @@
 """The llama.cpp backend (``pip install anydraft[llamacpp]``): GGUF models as they are, quantized.
 
 A `LlamaCppModel` holds the weights (one ``llama_model``, loaded with mmap in well under a
-second); each `LlamaCppSession` gets its own llama.cpp context, i.e. its own KV cache, so
-sessions never disturb each other and a server's workers can share one model. A session
+second); each live `LlamaCppSession` has its own llama.cpp context, i.e. its own KV cache, so
+sessions never disturb each other and a server's workers can share one model. A finished
+session's context is cleared and reused by the next session. A session
 implements the `Session` protocol of session.py: ``feed`` decodes the tokens in batches of
 ``n_batch`` and asks llama.cpp for logits only at the rows wanted; ``rollback(n)`` removes the
 KV cache entries at positions ``>= n``.
@@ -75,6 +76,7 @@ class LlamaCppModel:
         eos = {int(lib.llama_vocab_eos(self._vocab)), int(lib.llama_vocab_eot(self._vocab))}
         self.eos_ids = frozenset(i for i in eos if i >= 0)
         self._lib = lib
+        self._spare: list[_Context] = []
 
     @classmethod
     def load(cls, source, progress=None) -> LlamaCppModel:
@@ -86,7 +88,13 @@ class LlamaCppModel:
         return model
 
     def new_session(self) -> LlamaCppSession:
-        return LlamaCppSession(self)
+        return LlamaCppSession(self, self._spare.pop() if self._spare else _Context(self))
+
+    def _release(self, context: _Context) -> None:
+        """A finished session's context, emptied, waits for the next session (creating one
+        allocates the whole KV cache)."""
+        self._lib.llama_memory_clear(context.memory, True)
+        self._spare.append(context)
 
     def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
         """llama.cpp's own tokenizer (used to prove the transformers tokenizer agrees)."""
@@ -107,32 +115,48 @@ class LlamaCppModel:
         return buf.raw[:max(n, 0)]
 
     def __del__(self):
+        for context in getattr(self, "_spare", ()):
+            context.free()
+        self._spare = []
         model = getattr(self, "_model", None)
         if model:
             self._lib.llama_model_free(model)
             self._model = None
 
 
-class LlamaCppSession:
-    """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
+class _Context:
+    """A llama.cpp context (one KV cache) with its token batch."""
 
     def __init__(self, model: LlamaCppModel):
-        lib = model._lib
-        self._lib, self._owner = lib, model  # the owner keeps the weights alive
-        self.vocab_size = model.vocab_size
-        self.max_length = model.max_length
+        lib = self._lib = model._lib
         params = lib.llama_context_default_params()
         params.n_ctx = model.max_length
         params.n_batch = params.n_ubatch = BATCH
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = _threads()
         params.swa_full = True  # sliding-window layers (Gemma-3) keep every position: rollback
-        self._ctx = lib.llama_init_from_model(model._model, params)
-        if not self._ctx:
+        self.ctx = lib.llama_init_from_model(model._model, params)
+        if not self.ctx:
             raise AnydraftError(f"llama.cpp could not create a context of {model.max_length} tokens "
                                 f"for {model.name}: set ANYDRAFT_LLAMACPP_CONTEXT lower")
-        self._memory = lib.llama_get_memory(self._ctx)
-        self._batch = lib.llama_batch_init(BATCH, 0, 1)
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.batch = lib.llama_batch_init(BATCH, 0, 1)
+
+    def free(self) -> None:
+        if self.ctx:
+            self._lib.llama_batch_free(self.batch)
+            self._lib.llama_free(self.ctx)
+            self.ctx = None
+
+
+class LlamaCppSession:
+    """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
+
+    def __init__(self, model: LlamaCppModel, context: _Context):
+        self._lib, self._owner, self._context = model._lib, model, context
+        self._ctx, self._memory, self._batch = context.ctx, context.memory, context.batch
+        self.vocab_size = model.vocab_size
+        self.max_length = model.max_length
         self._length = 0
 
     def __len__(self) -> int:
@@ -179,12 +203,7 @@ class LlamaCppSession:
         self._length = n
 
     def __del__(self):
-        lib = getattr(self, "_lib", None)
-        if lib is None:
-            return
-        if getattr(self, "_batch", None) is not None:
-            lib.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "_ctx", None):
-            lib.llama_free(self._ctx)
-            self._ctx = None
+        context = getattr(self, "_context", None)
+        if context is not None:
+            self._owner._release(context)
+            self._context = None

@@ -96,16 +96,19 @@ class FakeState:
         self.target = type("T", (), {"max_length": 1000, "rollback": lambda self, n: None})()
 
 
-def test_plain_steps_probe_with_backoff():
-    """When speculation loses, drafting resumes only as short probes, ever rarer."""
-    plan = DraftPlan(5, True, costs({1: 0.2, 6: 0.25}, 0.2), acceptance(0.3))
+def test_plain_steps_probe_with_backoff_across_requests():
+    """When speculation loses, drafting resumes only as probes, ever rarer, and a new request
+    of the same pair does not start the schedule over."""
+    c, acc = costs({1: 0.2, 6: 0.25}, 0.2), acceptance(0.3)
     state = FakeState()
-    plan.steps = 2  # past the measuring steps
     ks = []
-    for _ in range(16 + 32 + 1):
-        ks.append(plan.k(state))
+    for request in range(2):
+        plan = DraftPlan(5, True, c, acc)
+        plan.steps = 2  # past the measuring steps
+        ks += [plan.k(state) for _ in range(30 if request == 0 else 90)]
     probes = [i for i, k in enumerate(ks) if k]
-    assert probes == [15, 47] and all(ks[i] == 5 for i in probes)
+    # a per-request schedule would probe at 30 + 15 = 45
+    assert probes == [15, 47, 47 + 64] and all(ks[i] == 5 for i in probes)
 
 
 def test_fixed_plan_always_drafts_k():

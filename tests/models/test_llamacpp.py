@@ -82,8 +82,12 @@ def test_sessions_of_one_model_are_independent(llama_model):
     a, b = model.new_session(), model.new_session()
     want = a.feed([1, 2, 3, 4])
     b.feed([9, 9, 9, 9, 9, 9])
-    torch.testing.assert_close(model.new_session().feed([1, 2, 3, 4]), want)
     assert len(a) == 4 and len(b) == 6
+    del b  # its context is cleared and handed to the next session
+    c = model.new_session()
+    assert len(c) == 0
+    torch.testing.assert_close(c.feed([1, 2, 3, 4]), want, atol=0, rtol=0)
+    assert len(model._spare) == 0
 
 
 def fuzz_corpus(seed=0, n=300):
