@@ -250,6 +250,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
                 drop(job, exc)
 
     progress = Progress(len(prompts) * len(jobs) * settings.repeats, quiet=quiet)
+    ar_decoders = {key[0]: dec for key, dec, _ in jobs if key[3] == "ar"}
     rows = []
     for p in prompts:
         runs: dict[tuple, list[dict]] = {}
@@ -267,8 +268,23 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
                 progress.step(f"{p['id']} {name_of(key)}"
                               f"{f' (repeat {r + 1})' if settings.repeats > 1 else ''}: "
                               f"{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s")
-        rows += _rows_for_prompt(p, runs, settings, progress, name_of)
+        rows += _rows_for_prompt(p, runs, settings, progress, name_of,
+                                 lambda tb, a, b, text=p["prompt"]: divergence(ar_decoders[tb], text, chat, a, b))
     return rows
+
+
+def divergence(dec, prompt, chat: bool, ar: list[int], other: list[int]) -> tuple[int, float | None]:
+    """Where a greedy run left plain decoding's path, and the target's logit margin there
+    (AR's token minus the other run's) when it scores that position alone, as plain decoding
+    does. A margin within the dtype's rounding (bfloat16 logits near 20 are spaced 0.125 apart)
+    is a near tie that scoring the position inside a batch rounded the other way: numerics
+    of the target, not the method. None: the runs differ only in length."""
+    at = next((i for i, (a, b) in enumerate(zip(ar, other, strict=False)) if a != b), None)
+    if at is None:
+        return min(len(ar), len(other)), None
+    session = dec.target.new_session()
+    logits = session.feed(dec.prompt_ids(prompt, chat) + ar[:at], rows=1)[-1]
+    return at, float(logits[ar[at]] - logits[other[at]])
 
 
 def _speedup(stats: dict, base: dict) -> float | None:
@@ -276,7 +292,7 @@ def _speedup(stats: dict, base: dict) -> float | None:
 
 
 def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Progress,
-                     name_of: Callable[[tuple], str]) -> list[dict]:
+                     name_of: Callable[[tuple], str], diverge: Callable | None = None) -> list[dict]:
     ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target backend
     hf_stats = {key[1]: _median_run(v)["stats"] for key, v in runs.items() if key[3] == "hf"}
     k = settings.num_draft_tokens
@@ -302,7 +318,8 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "drafted": None, "accepted": None, "target_calls": None, "drafter_calls": None,
             "draft_seconds": None, "target_seconds": None, "translate_seconds": None,
             "cost_ratio": None, "bound": None, "num_draft_tokens": None if method == "ar" else k,
-            "identical_to_ar": identical, "finish_reason": res["finish_reason"], "text": res["text"],
+            "identical_to_ar": identical, "mismatch_at": None, "mismatch_margin": None,
+            "finish_reason": res["finish_reason"], "text": res["text"],
         }
         if method != "hf":
             for stat in ("drafted", "accepted", "target_calls", "drafter_calls", "mean_accepted",
@@ -317,7 +334,13 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             row["cost_ratio"] = c
             row["bound"] = None if c is None else speedup_bound(a, k, c)
         if identical is False:
-            progress.note(f"!!! GREEDY MISMATCH: {name_of(key)} on {p['id']} differs from AR "
+            where = ""
+            if diverge is not None:
+                row["mismatch_at"], row["mismatch_margin"] = diverge(tb, ar["token_ids"], res["token_ids"])
+                where = f" from token {row['mismatch_at']}" + (
+                    "" if row["mismatch_margin"] is None else
+                    f", where the target alone prefers AR's token by {row['mismatch_margin']:.3f} logits")
+            progress.note(f"!!! GREEDY MISMATCH: {name_of(key)} on {p['id']} differs from AR{where} "
                           f"(AR {len(ar['token_ids'])} tokens, {method} {len(res['token_ids'])})")
         rows.append(row)
     return rows

@@ -222,3 +222,21 @@ def test_several_backends_load_once_and_compare_per_backend(models, tmp_path, mo
     text = (tmp_path / "summary.md").read_text()
     assert "speedup vs torch AR" in text and "| code | ar (llamacpp) |" in text
     assert f"| slem (torch) <- {twin} (llamacpp) |" in text
+
+
+def test_divergence_names_the_token_and_the_targets_margin():
+    """The mismatch diagnosis: first differing token, and how much the target (scoring that
+    position alone, as plain decoding does) prefers AR's token."""
+    from anydraft import Decoder
+    from anydraft.bench.runner import divergence
+    from tests.helpers import byte_tokenizer, tiny_llama
+
+    tok = byte_tokenizer()
+    dec = Decoder(target=tiny_llama(len(tok), seed=3), tokenizer=tok)
+    ar = dec.generate("hello", max_new_tokens=6, chat=False).token_ids
+    other = ar[:2] + [(ar[2] + 1) % len(tok)] + ar[3:]
+    at, margin = divergence(dec, "hello", False, ar, other)
+    ids = dec.prompt_ids("hello", chat=False) + ar[:2]
+    logits = dec.target.new_session().feed(ids, rows=1)[-1]
+    assert at == 2 and margin == float(logits[ar[2]] - logits[other[2]]) and margin > 0
+    assert divergence(dec, "hello", False, ar, ar[:4]) == (4, None)  # only the length differs
