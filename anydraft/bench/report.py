@@ -183,13 +183,14 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         lines += [f"- **{name(r)}** on `{r['prompt_id']}` ({r['category']})" + (
             "" if r.get("mismatch_at") is None else f": from new token {r['mismatch_at']}" + (
                 "" if r.get("mismatch_margin") is None else
-                f"; there the target scoring that position alone prefers AR's token by "
+                f"; there the target, replaying plain decoding, prefers AR's token by "
                 f"{r['mismatch_margin']:.3f} logits")) for r in bad]
         lines += ["", "A margin of about the logits' rounding step (bfloat16 logits near 20 are "
-                  "0.125 apart) is a near tie that the target resolves differently when it scores "
-                  "the position inside a batch (verification) than alone (plain decoding): the "
-                  "target's numerics, not the method. A float32 target does not show it; a "
-                  "clear margin would be a bug.", ""]
+                  "0.125 apart; 0 is an exact tie) is a near tie that the target resolves "
+                  "differently when it scores the position inside a batch (verification) than "
+                  "one token at a time (plain decoding): the target's numerics, not the method "
+                  "(transformers' own assisted generation, `hf`, shows the same). The float32 "
+                  "exactness tests do not see it; a clear margin would be a bug.", ""]
     lines += ["## Per method (all prompts)", ""]
     lines += _table({key: aggregate(v, k) for key, v in group_rows(rows, False).items()}, ["method"],
                     vs_torch)

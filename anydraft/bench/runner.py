@@ -274,16 +274,19 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
 
 
 def divergence(dec, prompt, chat: bool, ar: list[int], other: list[int]) -> tuple[int, float | None]:
-    """Where a greedy run left plain decoding's path, and the target's logit margin there
-    (AR's token minus the other run's) when it scores that position alone, as plain decoding
-    does. A margin within the dtype's rounding (bfloat16 logits near 20 are spaced 0.125 apart)
-    is a near tie that scoring the position inside a batch rounded the other way: numerics
-    of the target, not the method. None: the runs differ only in length."""
+    """Where a greedy run left plain decoding's path, and by how many logits the target prefers
+    AR's token over the other run's there, replaying plain decoding's own calls (the prompt,
+    then one token at a time). A margin within the dtype's rounding (bfloat16 logits near 20
+    are spaced 0.125 apart; 0 is an exact tie) is a near tie that scoring the position inside a
+    batch rounded the other way: numerics of the target, not the method. None: the runs differ
+    only in length."""
     at = next((i for i, (a, b) in enumerate(zip(ar, other, strict=False)) if a != b), None)
     if at is None:
         return min(len(ar), len(other)), None
     session = dec.target.new_session()
-    logits = session.feed(dec.prompt_ids(prompt, chat) + ar[:at], rows=1)[-1]
+    logits = session.feed(dec.prompt_ids(prompt, chat), rows=1)[-1]
+    for token in ar[:at]:
+        logits = session.feed([token], rows=1)[-1]
     return at, float(logits[ar[at]] - logits[other[at]])
 
 
@@ -339,7 +342,7 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
                 row["mismatch_at"], row["mismatch_margin"] = diverge(tb, ar["token_ids"], res["token_ids"])
                 where = f" from token {row['mismatch_at']}" + (
                     "" if row["mismatch_margin"] is None else
-                    f", where the target alone prefers AR's token by {row['mismatch_margin']:.3f} logits")
+                    f", where plain decoding prefers AR's token by {row['mismatch_margin']:.3f} logits")
             progress.note(f"!!! GREEDY MISMATCH: {name_of(key)} on {p['id']} differs from AR{where} "
                           f"(AR {len(ar['token_ids'])} tokens, {method} {len(res['token_ids'])})")
         rows.append(row)

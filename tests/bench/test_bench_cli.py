@@ -225,8 +225,8 @@ def test_several_backends_load_once_and_compare_per_backend(models, tmp_path, mo
 
 
 def test_divergence_names_the_token_and_the_targets_margin():
-    """The mismatch diagnosis: first differing token, and how much the target (scoring that
-    position alone, as plain decoding does) prefers AR's token."""
+    """The mismatch diagnosis: first differing token, and how much the target (replaying plain
+    decoding) prefers AR's token there."""
     from anydraft import Decoder
     from anydraft.bench.runner import divergence
     from tests.helpers import byte_tokenizer, tiny_llama
@@ -236,7 +236,9 @@ def test_divergence_names_the_token_and_the_targets_margin():
     ar = dec.generate("hello", max_new_tokens=6, chat=False).token_ids
     other = ar[:2] + [(ar[2] + 1) % len(tok)] + ar[3:]
     at, margin = divergence(dec, "hello", False, ar, other)
-    ids = dec.prompt_ids("hello", chat=False) + ar[:2]
-    logits = dec.target.new_session().feed(ids, rows=1)[-1]
+    session = dec.target.new_session()
+    session.feed(dec.prompt_ids("hello", chat=False))
+    session.feed(ar[:1])
+    logits = session.feed(ar[1:2])[-1]
     assert at == 2 and margin == float(logits[ar[2]] - logits[other[2]]) and margin > 0
     assert divergence(dec, "hello", False, ar, ar[:4]) == (4, None)  # only the length differs
