@@ -16,7 +16,10 @@ committed tokens per second, from online measurements:
   constant (PyTorch bf16 here: 9 tokens ~1.07x one token; fp32 ~2.3x; llama.cpp ~7.5x), kept as
   one running mean per n, with a straight line fitted through them.
 
-A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. When no k
+A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. A
+drafter that is behind the committed text (the prompt, at first) must read it before drafting:
+that one-off cost is spread over the tokens still wanted, so a long prompt with a short answer
+is decoded plainly when reading it would cost the drafter more than it can win. When no k
 beats the plain step, the method runs plain steps and probes again with a full draft after
 16, 32, 64, ... plain steps (the probe refreshes the a_i; backing off keeps its cost negligible
 when speculation cannot win). The estimates live in the `Pairing`, so a pair's next request
@@ -58,6 +61,7 @@ class Costs:
 
     target: dict = field(default_factory=dict)  # tokens scored in one call -> _Mean seconds
     draft: _Mean = field(default_factory=_Mean)  # seconds per drafter forward pass
+    catch_up: _Mean = field(default_factory=_Mean)  # drafter seconds per token read in one pass
     overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a drafting step
     plain_overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a plain step
 
@@ -126,18 +130,26 @@ class DraftPlan:
         self.costs, self.acc = costs, acceptance
         self.steps = 0
 
-    def choose(self) -> int:
-        """The k with the most expected tokens per second (0 = a plain target step)."""
+    def choose(self, budget: int = 1 << 30, behind: int = 0) -> int:
+        """The k with the most expected tokens per second (0 = a plain target step).
+
+        ``behind``: committed tokens the drafter has not read yet (the whole prompt at first,
+        or what plain steps committed). Drafting first pays for reading them, once for the
+        remaining ``budget`` tokens: ``catch`` seconds spread over the budget."""
         c, acc = self.costs, self.acc
         plain = c.target_seconds(1)
         d = c.draft.value
         if plain is None or d is None:
             return self.max_k  # nothing measured yet: draft, and learn from it
+        per_token = c.catch_up.value if c.catch_up.value is not None else d / 16
+        catch = per_token * behind if behind > 2 else 0.0
         best_k, best_rate = 0, 1.0 / (plain + c.plain_overhead.value)
         r = acc.ratio.value
         for k in range(1, self.max_k + 1):
             m = r * k
-            rate = acc.expected_tokens(m) / (k * d + c.target_seconds(1 + m) + c.overhead.value)
+            expected = acc.expected_tokens(m)
+            step = k * d + c.target_seconds(1 + m) + c.overhead.value
+            rate = expected / (step + catch * expected / max(budget, 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -152,7 +164,8 @@ class DraftPlan:
         elif self.steps == 1 and 1 not in self.costs.target:
             k = 0  # measure a plain step once per pair (step 0 also reads the prompt: not used)
         else:
-            k = self.choose()
+            behind = 0 if self.drafter is None else len(self.drafter.ids) - len(self.drafter.session)
+            k = self.choose(state.budget, behind)
             acc = self.acc
             if k:
                 acc.plain_streak, acc.probe_after = 0, PROBE_FIRST
@@ -171,17 +184,21 @@ class DraftPlan:
         s = state.stats
         s.drafted += len(candidates)
         self.steps += 1
-        if not self.adaptive or self.steps == 1:
+        if not self.adaptive:
             return
         draft = s.phase_seconds["draft"] - self._before[0]
         target = s.phase_seconds["target"] - self._before[1]
         calls = s.drafter_calls - self._before[2]
         wall = time.perf_counter() - self._start
         c = self.costs
-        c.target.setdefault(self._before[3] + len(candidates), _Mean()).add(target)
+        if self.steps > 1:  # the first step's target call also reads the prompt
+            c.target.setdefault(self._before[3] + len(candidates), _Mean()).add(target)
         if calls:
-            if self.drafter is None or self.drafter.caught_up <= 2:  # not after plain steps
+            caught_up = 0 if self.drafter is None else self.drafter.caught_up
+            if caught_up <= 2:
                 c.draft.add(draft / calls)
+            elif c.draft.value is not None:  # the first pass also read `caught_up` tokens
+                c.catch_up.add(max(0.0, draft - (calls - 1) * c.draft.value) / caught_up)
             c.overhead.add(max(0.0, wall - draft - target))
             self.acc.ratio.add(len(candidates) / calls)
         else:

@@ -123,15 +123,47 @@ def test_fixed_plan_always_drafts_k():
 def test_adaptive_plan_learns_costs_and_acceptance():
     plan = DraftPlan(4, True, Costs(), Acceptance())
     state = FakeState()
-    for accepted in (0, 3, 3, 3, 3):  # the first step reads the prompt: not learned from
+    for target in (9.0, 0.1, 0.1, 0.1, 0.1):  # the first target call also reads the prompt
         plan.k(state)
         state.stats.drafter_calls += 4
-        state.stats.phase_seconds["target"] += 0.1
+        state.stats.phase_seconds["target"] += target
         state.stats.phase_seconds["draft"] += 0.04
-        plan.close(state, [1, 2, 3, 4], accepted)
+        plan.close(state, [1, 2, 3, 4], 3)
     assert plan.costs.target[5].value == pytest.approx(0.1)
     assert plan.costs.draft.value == pytest.approx(0.01)
-    assert plan.acc.a(1) > 0.8 and plan.acc.a(4) < 0.2  # 3 of 4 accepted, four times
+    assert plan.acc.a(1) > 0.8 and plan.acc.a(4) < 0.2  # 3 of 4 accepted, five times
+
+
+class FakeDrafter:
+    def __init__(self, ids, read):
+        self.ids, self.session, self.caught_up = list(range(ids)), list(range(read)), 0
+
+
+def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
+    """A drafter 1000 tokens behind at 2 ms a token: not worth it for 20 tokens, worth it for 2000."""
+    c = costs({1: 0.09, 6: 0.1}, 0.01)
+    c.catch_up = _Mean(0.002)
+    plan = DraftPlan(5, True, c, acceptance(0.7))
+    assert plan.choose(budget=20, behind=1000) == 0
+    assert plan.choose(budget=2000, behind=1000) > 0
+    assert plan.choose(budget=20, behind=2) > 0  # in step: nothing to catch up
+    # through k(): the drafter's own backlog counts
+    state = FakeState()
+    state.budget = 20
+    plan.drafter, plan.steps = FakeDrafter(1000, 0), 2
+    assert plan.k(state) == 0
+
+
+def test_catch_up_cost_is_learned_from_the_first_pass():
+    c = costs({1: 0.09, 6: 0.1}, 0.01)
+    plan = DraftPlan(4, True, c, acceptance(0.7), FakeDrafter(10, 10))
+    state = FakeState()
+    plan.k(state)
+    plan.drafter.caught_up = 100  # the first of 4 passes read 100 tokens
+    state.stats.drafter_calls += 4
+    state.stats.phase_seconds["draft"] += 0.03 + 0.5
+    plan.close(state, [1, 2, 3, 4], 3)
+    assert c.catch_up.value == pytest.approx(0.005) and c.draft.value == pytest.approx(0.01)
 
 
 # -- any schedule of draft lengths is exact ------------------------------------------------
