@@ -141,8 +141,7 @@ class DraftPlan:
         d = c.draft.value
         if plain is None or d is None:
             return self.max_k  # nothing measured yet: draft, and learn from it
-        per_token = c.catch_up.value if c.catch_up.value is not None else d / 16
-        catch = per_token * behind if behind > 2 else 0.0
+        catch = self.catch_up_seconds(behind)
         best_k, best_rate = 0, 1.0 / (plain + c.plain_overhead.value)
         r = acc.ratio.value
         for k in range(1, self.max_k + 1):
@@ -153,6 +152,14 @@ class DraftPlan:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+    def catch_up_seconds(self, behind: int) -> float:
+        """What reading ``behind`` tokens costs the drafter (before it can draft again)."""
+        c = self.costs
+        if behind <= 2 or c.draft.value is None:
+            return 0.0
+        per_token = c.catch_up.value if c.catch_up.value is not None else c.draft.value / 16
+        return per_token * behind
 
     def k(self, state) -> int:
         self._start = time.perf_counter()
@@ -171,7 +178,10 @@ class DraftPlan:
                 acc.plain_streak, acc.probe_after = 0, PROBE_FIRST
             else:
                 acc.plain_streak += 1
-                if acc.plain_streak >= acc.probe_after:
+                # probe, unless the drafter would first have to read more than a plain step
+                # costs (a long prompt it never read): then this request stays plain
+                if (acc.plain_streak >= acc.probe_after
+                        and self.catch_up_seconds(behind) <= self.costs.target_seconds(1)):
                     k = self.max_k
                     acc.plain_streak = 0
                     acc.probe_after = min(PROBE_MAX, acc.probe_after * 2)

@@ -192,3 +192,11 @@ def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, monkeyp
             "slrs": StringLevelRejectionSampling, "sd": SpeculativeSampling}[method]
     got, _ = toys.method_distribution(lambda: make(pairing), PROMPT, p, 3)
     assert_same_distribution(got, want)
+
+
+def test_no_probe_when_the_drafter_would_first_read_a_long_prompt():
+    c, acc = costs({1: 0.2, 6: 0.25}, 0.2), acceptance(0.3)
+    c.catch_up = _Mean(0.002)
+    plan = DraftPlan(5, True, c, acc, FakeDrafter(2000, 0))  # 4 s of reading vs a 0.2 s step
+    plan.steps = 2
+    assert not any(plan.k(FakeState()) for _ in range(100))
