@@ -2,11 +2,11 @@
 
 A `LlamaCppModel` holds the weights (one ``llama_model``, loaded with mmap in well under a
 second); each live `LlamaCppSession` has its own llama.cpp context, i.e. its own KV cache, so
-sessions never disturb each other and a server's workers can share one model. A finished
-session's context is cleared and reused by the next session. A session
-implements the `Session` protocol of session.py: ``feed`` decodes the tokens in batches of
-``n_batch`` and asks llama.cpp for logits only at the rows wanted; ``rollback(n)`` removes the
-KV cache entries at positions ``>= n``.
+sessions never disturb each other and a server's workers can share one model; a finished
+session's context is cleared and reused by the next session. A session implements the
+`Session` protocol of session.py: ``feed`` decodes the tokens in batches of ``BATCH`` and asks
+llama.cpp for logits only at the rows wanted; ``rollback(n)`` removes the KV cache entries at
+positions ``>= n``.
 
 Token ids are the GGUF vocabulary's, which the transformers tokenizer read from the same file
 reproduces (tests/models/test_llamacpp.py proves it over a fuzzed corpus).
