@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import AnydraftError
+from .session import rows_to_return
 
 # A context this long is allocated per session (KV cache, f16). The models' training windows
 # (8k-32k) would cost up to ~1 GB each; override with $ANYDRAFT_LLAMACPP_CONTEXT.
@@ -163,14 +164,7 @@ class LlamaCppSession:
         return self._length
 
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        n = len(ids)
-        assert n > 0, "feed needs at least one token"
-        rows = n if rows is None else rows
-        assert 0 < rows <= n
-        if self._length + n > self.max_length:
-            raise AnydraftError(
-                f"sequence would reach {self._length + n} tokens, beyond the llama.cpp context of "
-                f"{self.max_length}: shorten the prompt or lower max_new_tokens")
+        n, rows = len(ids), rows_to_return(self, ids, rows)
         lib, batch = self._lib, self._batch
         out = np.empty((rows, self.vocab_size), dtype=np.float32)
         first_row = n - rows

@@ -55,15 +55,7 @@ class HFSession:
 
     @torch.inference_mode()
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        n = len(ids)
-        assert n > 0, "feed needs at least one token"
-        rows = n if rows is None else rows
-        assert 0 < rows <= n
-        if self._length + n > self.max_length:
-            raise AnydraftError(
-                f"sequence would reach {self._length + n} tokens, beyond the model's context "
-                f"window of {self.max_length}: shorten the prompt or lower max_new_tokens"
-            )
+        n, rows = len(ids), rows_to_return(self, ids, rows)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=rows)
         self._length += n
@@ -74,6 +66,19 @@ class HFSession:
         if n < self._length:
             self.cache.crop(-(self._length - n))
             self._length = n
+
+
+def rows_to_return(session, ids: Sequence[int], rows: int | None) -> int:
+    """Check a ``feed`` call against the protocol and the context window; the rows it returns."""
+    n = len(ids)
+    assert n > 0, "feed needs at least one token"
+    rows = n if rows is None else rows
+    assert 0 < rows <= n
+    if len(session) + n > session.max_length:
+        raise AnydraftError(
+            f"sequence would reach {len(session) + n} tokens, beyond the model's context window "
+            f"of {session.max_length}: shorten the prompt or lower max_new_tokens")
+    return rows
 
 
 def context_window(model) -> int:
