@@ -95,9 +95,10 @@ def _servers(model_dir, tmp_path_factory):
     # main: two workers sharing the weights; roomy queue
     main = Server(model_dir, logs / "main.log", "--max-concurrency", "2", "--max-queue", "32")
     # small: one worker, one waiting slot, an API key, and a drafter (the same tiny model, so
-    # `auto` picks sd and greedy drafts are always accepted)
+    # `auto` picks sd and greedy drafts are always accepted; --fixed-k, since adaptive drafting
+    # would rightly decode plainly with a drafter as slow as the target)
     small = Server(model_dir, logs / "small.log", "--max-concurrency", "1", "--max-queue", "1",
-                   "--drafter", str(model_dir), api_key=API_KEY)
+                   "--drafter", str(model_dir), "--fixed-k", api_key=API_KEY)
     try:
         main.wait_ready()
         small.wait_ready()
