@@ -65,9 +65,10 @@ class Costs:
     overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a drafting step
     plain_overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a plain step
 
-    def target_seconds(self, n: float) -> float | None:
-        """T(n) from a straight line fitted to the per-size means (weighted by how much each
-        size was seen; one size seen: flat). A line rides over the noise of single sizes."""
+    def target_curve(self):
+        """n -> T(n), a straight line fitted to the per-size means (weighted by how much each
+        size was seen; one size seen: flat), or None before any measurement. A line rides over
+        the noise of single sizes."""
         points = [(m, mean.value, mean.weight) for m, mean in self.target.items()]
         if not points:
             return None
@@ -76,7 +77,11 @@ class Costs:
         my = sum(p[1] * p[2] for p in points) / w
         sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points)
         slope = max(0.0, sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / sxx) if sxx else 0.0
-        return max(1e-6, my + slope * (n - mx))
+        return lambda n: max(1e-6, my + slope * (n - mx))
+
+    def target_seconds(self, n: float) -> float | None:
+        curve = self.target_curve()
+        return None if curve is None else curve(n)
 
 
 class Acceptance:
@@ -137,17 +142,17 @@ class DraftPlan:
         or what plain steps committed). Drafting first pays for reading them, once for the
         remaining ``budget`` tokens: ``catch`` seconds spread over the budget."""
         c, acc = self.costs, self.acc
-        plain = c.target_seconds(1)
+        target = c.target_curve()  # fitted once per step
         d = c.draft.value
-        if plain is None or d is None:
+        if target is None or d is None:
             return self.max_k  # nothing measured yet: draft, and learn from it
         catch = self.catch_up_seconds(behind)
-        best_k, best_rate = 0, 1.0 / (plain + c.plain_overhead.value)
+        best_k, best_rate = 0, 1.0 / (target(1) + c.plain_overhead.value)
         r = acc.ratio.value
         for k in range(1, self.max_k + 1):
             m = r * k
             expected = acc.expected_tokens(m)
-            step = k * d + c.target_seconds(1 + m) + c.overhead.value
+            step = k * d + target(1 + m) + c.overhead.value
             rate = expected / (step + catch * expected / max(budget, 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate

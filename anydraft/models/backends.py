@@ -30,10 +30,6 @@ class LoadedModel:
     model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel
     tokenizer: object
 
-    @property
-    def backend(self) -> str:
-        return "llamacpp" if isinstance(self.model, llamacpp.LlamaCppModel) else "torch"
-
     def new_session(self) -> Session:
         if isinstance(self.model, llamacpp.LlamaCppModel):
             return self.model.new_session()
