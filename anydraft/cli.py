@@ -25,7 +25,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
     p.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
-    p.add_argument("--method", default="auto", help="ar | sd | slem | tli | slrs | auto")
+    p.add_argument("--method", default="auto", help="ar | lookup | sd | slem | tli | slrs | auto")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
     p.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
     add_backend_options(p)

@@ -24,8 +24,8 @@ def register(sub) -> None:
     b.add_argument("--drafter", action="append", default=[],
                    help="drafter model (repeatable: one set of runs per drafter)")
     b.add_argument("--methods", default=None,
-                   help="comma list of ar, sd, slem, tli, slrs, auto (ar is always run: speedups divide "
-                        "by it); default ar,auto with a drafter, ar without")
+                   help="comma list of ar, lookup, sd, slem, tli, slrs, auto (ar is always run: "
+                        "speedups divide by it; lookup needs no drafter); default ar,auto")
     b.add_argument("--baseline", choices=["hf"], default=None,
                    help="hf: add transformers' assisted generation on the same pair (method `hf`)")
     b.add_argument("--dataset", default="builtin",
@@ -88,7 +88,7 @@ def settings_from_args(args):
     from ..sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
-    text = args.methods if args.methods is not None else ("ar,auto" if args.drafter else "ar")
+    text = args.methods if args.methods is not None else "ar,auto"
     methods = parse_methods(text, has_drafter=bool(args.drafter))
     drafters = list(dict.fromkeys(args.drafter))
     return BenchSettings(

@@ -17,7 +17,6 @@ from ..errors import AnydraftError
 from ..models.backends import BACKENDS
 from .bound import cost_ratio, per_token_acceptance, speedup_bound
 
-DRAFTER_METHODS = ("sd", "slem", "tli", "slrs")
 
 
 @dataclass
@@ -63,13 +62,9 @@ def parse_methods(text: str, has_drafter: bool) -> list[str]:
     if not names:
         raise AnydraftError("--methods is empty: give e.g. ar,slem,tli,auto")
     for m in names:
-        if m == "slrs" and m not in registry.METHODS:
-            raise AnydraftError(
-                "method 'slrs' is not implemented in this version of anydraft yet: "
-                f"choose from {', '.join(registry.METHODS)}")
         if m not in registry.METHODS:
             raise AnydraftError(f"unknown method {m!r} in --methods: choose from {', '.join(registry.METHODS)}")
-        if m != "ar" and not has_drafter:
+        if m in registry.NEEDS_DRAFTER and not has_drafter:
             raise AnydraftError(f"method {m!r} needs a drafter: pass --drafter MODEL")
     out = ["ar"]
     for m in names:
@@ -181,6 +176,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         same = same_tokenizer(target_tok, d_tok)
         todo[name] = []
         for m in settings.methods[1:]:
+            if m == "lookup":  # needs no drafter: run once per target backend, below
+                continue
             if m == "sd" and not same:
                 settings.notes.append(f"sd skipped for drafter {name}: its tokenizer differs from "
                                       f"the target's (sd needs the same vocabulary; use slem/tli)")
@@ -200,10 +197,11 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
 
     # (key, decoder, hf baseline or None); key = (target backend, drafter, drafter backend, method)
     jobs = []
+    # without a drafter: prompt lookup, and auto when no drafter is given (it is lookup then)
+    alone = [m for m in settings.methods if m == "lookup" or (m == "auto" and not drafters)]
     for tb, target in targets.items():
-        jobs.append(((tb, None, None, "ar"),
-                     Decoder(target=target.model, tokenizer=target_tok, method="ar", backend=tb, **common),
-                     None))
+        dec = Decoder(target=target.model, tokenizer=target_tok, method="ar", backend=tb, **common)
+        jobs += [((tb, None, None, m), dec, None) for m in ["ar", *alone]]
         for (name, db), d in drafters.items():
             dec = Decoder(target=target.model, tokenizer=target_tok, drafter=d.model,
                           drafter_tokenizer=d.tokenizer, method="auto", backend=tb, drafter_backend=db,
@@ -331,8 +329,8 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             row["acceptance"] = s["acceptance_rate"] if s["drafted"] else None
         if method not in ("ar", "hf") and s["drafted"]:
             a = per_token_acceptance(s["acceptance_rate"], k)
-            c = cost_ratio(s["draft_seconds"], s["drafter_calls"], ar_s["target_seconds"],
-                           ar_s["target_calls"])
+            c = 0.0 if not s["drafter_calls"] else cost_ratio(  # copies cost no drafter pass
+                s["draft_seconds"], s["drafter_calls"], ar_s["target_seconds"], ar_s["target_calls"])
             row["acceptance_per_token"] = a
             row["cost_ratio"] = c
             row["bound"] = None if c is None else speedup_bound(a, k, c)

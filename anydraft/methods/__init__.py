@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from ..errors import AnydraftError
 from .ar import Autoregressive
+from .lookup import PromptLookup
 from .pairing import Pairing
+from .policy import Costs
 from .sd import SpeculativeSampling
 from .slem import StringLevelExactMatch
 from .slrs import StringLevelRejectionSampling
 from .tli import TokenLevelIntersection
 
-METHODS = ("ar", "sd", "slem", "tli", "slrs", "auto")
+METHODS = ("ar", "lookup", "sd", "slem", "tli", "slrs", "auto")
 NEEDS_DRAFTER = ("sd", "slem", "tli", "slrs")
 
 
@@ -24,9 +26,10 @@ def check(name: str, has_drafter: bool) -> str:
 
 
 def choose_auto(pairing: Pairing | None, greedy: bool) -> str:
-    """`auto`: sd for a same-tokenizer pair; else slem for greedy (it proposes any target token,
-    multi-token merges included), tli for sampling (rejection sampling accepts far more than
-    exact match of two independent samples). No drafter: plain decoding."""
+    """`auto`'s drafter method: sd for a same-tokenizer pair; else slem for greedy (it proposes
+    any target token, multi-token merges included), tli for sampling (rejection sampling
+    accepts far more than exact match of two independent samples). No drafter: "ar".
+    With adaptive drafting `auto` adds prompt lookup (see `factory`)."""
     if pairing is None:
         return "ar"
     if pairing.same_tokenizer:
@@ -37,12 +40,23 @@ def choose_auto(pairing: Pairing | None, greedy: bool) -> str:
 def factory(decoder):
     """A function (method name, sampling params) -> fresh method object for ``decoder``."""
     pairing = Pairing.of(decoder) if decoder.drafter is not None else None
+    # prompt lookup's estimates, like the pairing's, outlive one generation
+    costs = pairing.costs if pairing is not None else Costs()
+    lookup_acceptance: dict = {}
+
+    def lookup(inner=None):
+        return PromptLookup(costs, lookup_acceptance, decoder.num_draft_tokens, decoder.adaptive, inner)
 
     def make(name: str, params):
         if name == "auto":
+            # adaptive: the copy proposer joins (and alone, falls back to plain steps itself)
             name = choose_auto(pairing, params.greedy)
+            if decoder.adaptive:
+                return lookup(None if name == "ar" else make(name, params))
         if name == "ar":
             return Autoregressive()
+        if name == "lookup":
+            return lookup()
         if name == "sd" and not pairing.same_tokenizer:
             raise AnydraftError(
                 "method 'sd' needs a drafter that shares the target's tokenizer, and these two "

@@ -20,9 +20,10 @@ from ..sampling import sample
 
 
 class Drafter:
-    def __init__(self, session: Session, table, ids: list[int], stats):
+    def __init__(self, session: Session, table, ids: list[int], stats, target_table=None):
         self.session = session
         self.table = table  # drafter TokenTable
+        self.target_table = target_table  # None: the drafter reads the target's own ids
         self.ids = ids  # committed text in drafter tokens
         self.stats = stats
         self.drafts: list[int] = []  # drafted after `ids` at the last step
@@ -82,6 +83,13 @@ class Drafter:
                     for c in new_bytes.decode("utf-8", errors="replace"))
                 n_keep, feed = resync(self.table, self.ids, self.drafts, spellable.encode())
         self._commit(n_keep, feed)
+
+    def follow(self, new: list[int]) -> None:
+        """Target tokens committed without this drafter's drafts (another proposer's): read them."""
+        if self.target_table is None:
+            self.sync_ids(0, new)
+        else:
+            self.sync_text(self.target_table.decode_bytes(new))
 
     def _commit(self, n_keep: int, feed: list[int]) -> None:
         base = len(self.ids)

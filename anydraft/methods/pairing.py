@@ -57,7 +57,8 @@ class Pairing:
                 prompt = prompt[1:]
             text = self.target_table.decode_bytes(prompt).decode("utf-8", errors="replace")
             ids = self.drafter_bos + self.drafter_table.encode(text)
-        return Drafter(self.new_drafter_session(), self.drafter_table, ids, state.stats)
+        return Drafter(self.new_drafter_session(), self.drafter_table, ids, state.stats,
+                       None if same_ids else self.target_table)
 
     def plan(self, method: str, greedy: bool, drafter: Drafter) -> DraftPlan:
         """The draft-length plan of one generation (adaptive estimates are kept per pair)."""

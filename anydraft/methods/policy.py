@@ -130,33 +130,43 @@ class DraftPlan:
     verification (rolls the target back to what was kept, and learns from the step)."""
 
     def __init__(self, max_k: int, adaptive: bool, costs: Costs, acceptance: Acceptance,
-                 drafter=None):
-        self.max_k, self.adaptive, self.drafter = max_k, adaptive, drafter
+                 drafter=None, free: bool = False):
+        # free: drafts cost nothing (copied by prompt lookup, no drafter pass)
+        self.max_k, self.adaptive, self.drafter, self.free = max_k, adaptive, drafter, free
         self.costs, self.acc = costs, acceptance
         self.steps = 0
 
     def choose(self, budget: int = 1 << 30, behind: int = 0) -> int:
-        """The k with the most expected tokens per second (0 = a plain target step).
+        """The k with the most expected tokens per second (0 = a plain target step)."""
+        return self.best(budget, behind)[0]
+
+    def best(self, budget: int = 1 << 30, behind: int = 0) -> tuple[int, float | None]:
+        """``(k, expected tokens per second)`` for the best k; the rate is None (and k the
+        largest) before anything is measured.
 
         ``behind``: committed tokens the drafter has not read yet (the whole prompt at first,
         or what plain steps committed). Drafting first pays for reading them, once for the
         remaining ``budget`` tokens: ``catch`` seconds spread over the budget."""
         c, acc = self.costs, self.acc
         target = c.target_curve()  # fitted once per step
-        d = c.draft.value
+        d = 0.0 if self.free else c.draft.value
         if target is None or d is None:
-            return self.max_k  # nothing measured yet: draft, and learn from it
+            return self.max_k, None  # nothing measured yet: draft, and learn from it
         catch = self.catch_up_seconds(behind)
         best_k, best_rate = 0, 1.0 / (target(1) + c.plain_overhead.value)
         r = acc.ratio.value
         for k in range(1, self.max_k + 1):
             m = r * k
             expected = acc.expected_tokens(m)
-            step = k * d + target(1 + m) + c.overhead.value
+            step = k * d + target(1 + m) + (c.plain_overhead if self.free else c.overhead).value
             rate = expected / (step + catch * expected / max(budget, 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        return best_k
+        return best_k, best_rate
+
+    def behind(self) -> int:
+        """Committed tokens the drafter has yet to read."""
+        return 0 if self.drafter is None else len(self.drafter.ids) - len(self.drafter.session)
 
     def catch_up_seconds(self, behind: int) -> float:
         """What reading ``behind`` tokens costs the drafter (before it can draft again)."""
@@ -176,7 +186,7 @@ class DraftPlan:
         elif self.steps == 1 and 1 not in self.costs.target:
             k = 0  # measure a plain step once per pair (step 0 also reads the prompt: not used)
         else:
-            behind = 0 if self.drafter is None else len(self.drafter.ids) - len(self.drafter.session)
+            behind = self.behind()
             k = self.choose(state.budget, behind)
             acc = self.acc
             if k:

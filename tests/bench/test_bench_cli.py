@@ -34,7 +34,7 @@ def models(tmp_path_factory):
 def run(models, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     rc = main(["bench", "--target", str(models / "target"), "--drafter", str(models / "drafter"),
-               "--drafter", str(models / "twin"), "--methods", "ar,sd,slem,auto",
+               "--drafter", str(models / "twin"), "--methods", "ar,lookup,sd,slem,auto",
                "--target-backend", "torch", "--drafter-backend", "torch", "--fixed-k",
                "--baseline", "hf", "--dataset", str(models / "prompts.jsonl"),
                "--max-new-tokens", str(MAX_NEW), "--no-warmup", "--out", str(out)])
@@ -57,13 +57,13 @@ def test_results_schema(run, models):
     assert {"platform", "cpu_count", "versions", "date"} <= set(meta["machine"])
     assert meta["command"].startswith("anydraft bench --target")
     assert meta["settings"]["max_new_tokens"] == MAX_NEW
-    assert meta["settings"]["methods"] == ["ar", "sd", "slem", "auto"]
+    assert meta["settings"]["methods"] == ["ar", "lookup", "sd", "slem", "auto"]
     assert meta["settings"]["target_backends"] == meta["settings"]["drafter_backends"] == ["torch"]
     assert meta["settings"]["adaptive"] is False  # --fixed-k
     for row in res["results"]:
         assert set(ROW_KEYS) <= set(row), set(ROW_KEYS) - set(row)
         assert row["target_backend"] == "torch"
-        assert row["drafter_backend"] == (None if row["method"] == "ar" else "torch")
+        assert row["drafter_backend"] == (None if row["method"] in ("ar", "lookup") else "torch")
         assert row["speedup_vs_torch_ar"] == row["speedup_vs_ar"]
 
 
@@ -72,7 +72,7 @@ def test_one_row_per_prompt_method_drafter(run, models):
     keys = [(r["prompt_id"], r["method"], r["drafter"]) for r in res["results"]]
     assert len(keys) == len(set(keys))
     drafters = [str(models / "drafter"), str(models / "twin")]
-    expected = {(p, "ar", None) for p in ("c1", "t1", "7")}
+    expected = {(p, m, None) for p in ("c1", "t1", "7") for m in ("ar", "lookup")}  # no drafter
     expected |= {(p, m, d) for p in ("c1", "t1", "7") for m in ("sd", "slem", "auto", "hf")
                  for d in drafters}
     assert set(keys) == expected
@@ -162,15 +162,6 @@ def test_clear_errors_before_loading_models(tmp_path, capsys, extra, message):
                *extra])
     assert rc == 2
     assert message in capsys.readouterr().err
-
-
-def test_slrs_only_when_implemented(tmp_path, capsys, monkeypatch):
-    from anydraft import methods
-
-    monkeypatch.setattr(methods, "METHODS", tuple(m for m in methods.METHODS if m != "slrs"))
-    rc = main(["bench", "--target", "x", "--drafter", "y", "--methods", "ar,slrs"])
-    assert rc == 2
-    assert "'slrs' is not implemented" in capsys.readouterr().err
 
 
 def test_empty_dataset(tmp_path, capsys):

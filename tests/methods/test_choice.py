@@ -38,11 +38,25 @@ def test_same_tokenizer_tiny_pair_runs_every_method_identically():
     dec = Decoder(target=tiny_llama(len(tok), seed=0), tokenizer=tok,
                   drafter=tiny_llama(len(tok), seed=1), drafter_tokenizer=tok, num_draft_tokens=3)
     plain = dec.generate("hello world", max_new_tokens=24, method="ar")
-    for method in ("sd", "slem", "tli", "slrs", "auto"):
+    for method in ("sd", "slem", "tli", "slrs", "lookup", "auto"):
         out = dec.generate("hello world", max_new_tokens=24, method=method)
         assert out.token_ids == plain.token_ids, method
         assert out.stats["new_tokens"] == out.stats["accepted"] + out.stats["target_tokens"]
-    assert dec.generate("hello world", max_new_tokens=24, method="auto").stats["method"] == "sd"
+    # adaptive auto: the drafter method plus prompt lookup; fixed draft length: the method alone
+    assert dec.generate("hello world", max_new_tokens=24, method="auto").stats["method"] == "sd+lookup"
+    fixed = Decoder(target=dec.target.model, tokenizer=tok, drafter=dec.drafter.model,
+                    drafter_tokenizer=tok, adaptive=False)
+    assert fixed.generate("hello world", max_new_tokens=24, method="auto").stats["method"] == "sd"
+
+
+@pytest.mark.parametrize("adaptive, want", [(True, "lookup"), (False, "ar")])
+def test_auto_without_a_drafter_copies_when_adaptive(adaptive, want):
+    tok = byte_tokenizer()
+    dec = Decoder(target=tiny_llama(len(tok), seed=0), tokenizer=tok, adaptive=adaptive)
+    out = dec.generate("abc abc abc abc", max_new_tokens=16, chat=False)
+    assert out.stats["method"] == want
+    assert out.token_ids == dec.generate("abc abc abc abc", max_new_tokens=16, chat=False,
+                                         method="ar").token_ids
 
 
 def test_drafter_on_another_device_is_a_clear_error(monkeypatch):

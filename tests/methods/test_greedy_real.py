@@ -27,7 +27,7 @@ def mixed_prompts(n=10):
 
 
 PAIRS = [  # target, drafter, drafter backend, methods
-    ("qwen2.5-coder-0.5b", "smollm2-135m", "torch", ["slem", "tli"]),  # greedy slrs is slem
+    ("qwen2.5-coder-0.5b", "smollm2-135m", "torch", ["slem", "tli", "lookup"]),  # greedy slrs is slem
     ("qwen2.5-coder-0.5b", "smollm2-135m", "llamacpp", ["slem", "tli"]),
     ("smollm2-135m", "gemma3-270m", "torch", ["slem", "tli"]),
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "torch", ["sd"]),
