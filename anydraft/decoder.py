@@ -124,7 +124,8 @@ class Decoder:
         state = DecodeState(self.target.new_session(), list(ids), params, params.generator(), Stats())
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
         finish = Finish()
-        steps = decode(state, self._method_factory(method, params), max_new_tokens, self.eos_ids, text, finish)
+        steps = decode(state, self._method_factory(method, params, max_new_tokens), max_new_tokens,
+                       self.eos_ids, text, finish)
         return state, text, finish, steps
 
     def generate(

@@ -18,7 +18,6 @@ from ..models.backends import BACKENDS
 from .bound import cost_ratio, per_token_acceptance, speedup_bound
 
 
-
 @dataclass
 class BenchSettings:
     target: str

@@ -25,20 +25,31 @@ def check(name: str, has_drafter: bool) -> str:
     return name
 
 
-def choose_auto(pairing: Pairing | None, greedy: bool) -> str:
-    """`auto`'s drafter method: sd for a same-tokenizer pair; else slem for greedy (it proposes
-    any target token, multi-token merges included), tli for sampling (rejection sampling
-    accepts far more than exact match of two independent samples). No drafter: "ar".
-    With adaptive drafting `auto` adds prompt lookup (see `factory`)."""
+def auto_candidates(pairing: Pairing | None, greedy: bool) -> tuple[str, ...]:
+    """`auto`'s drafter methods, the usual best first: sd for a same-tokenizer pair; else slem
+    for greedy (it proposes any target token, multi-token merges included) then tli; tli for
+    sampling (rejection sampling accepts far more than exact match of two independent
+    samples) then slrs. No drafter: "ar"."""
     if pairing is None:
-        return "ar"
+        return ("ar",)
     if pairing.same_tokenizer:
-        return "sd"
-    return "slem" if greedy else "tli"
+        return ("sd",)
+    return ("slem", "tli") if greedy else ("tli", "slrs")
+
+
+def choose_auto(pairing: Pairing | None, greedy: bool, budget: int = 128) -> str:
+    """`auto`'s drafter method. With a fixed draft length: the first candidate. Adaptive: the
+    candidate this pair measured fastest (`Pairing.fastest`: each is tried first), and
+    `factory` adds prompt lookup."""
+    candidates = auto_candidates(pairing, greedy)
+    if len(candidates) == 1 or not pairing.adaptive:
+        return candidates[0]
+    return pairing.fastest(candidates, greedy, budget)
 
 
 def factory(decoder):
-    """A function (method name, sampling params) -> fresh method object for ``decoder``."""
+    """A function (method name, sampling params, new tokens wanted) -> fresh method object
+    for ``decoder``."""
     pairing = Pairing.of(decoder) if decoder.drafter is not None else None
     # prompt lookup's estimates, like the pairing's, outlive one generation
     costs = pairing.costs if pairing is not None else Costs()
@@ -47,10 +58,10 @@ def factory(decoder):
     def lookup(inner=None):
         return PromptLookup(costs, lookup_acceptance, decoder.num_draft_tokens, decoder.adaptive, inner)
 
-    def make(name: str, params):
+    def make(name: str, params, budget: int = 128):
         if name == "auto":
             # adaptive: the copy proposer joins (and alone, falls back to plain steps itself)
-            name = choose_auto(pairing, params.greedy)
+            name = choose_auto(pairing, params.greedy, budget)
             if decoder.adaptive:
                 return lookup(None if name == "ar" else make(name, params))
         if name == "ar":

@@ -11,7 +11,8 @@ committed tokens per second, from online measurements:
   a measured on short drafts would undervalue long ones. Each a_i is a running mean of
   accepted/rejected at position i, over the steps that reached it.
 - ``r``: target candidates per drafter token (a cross-vocabulary bridge re-tokenises).
-- ``d``: seconds per drafter forward pass; ``o``: the rest of a step (translation, verification).
+- ``d``: seconds per drafter forward pass; ``o``: the rest of a step (translation,
+  verification: per method).
 - ``T(n)``: the target's measured time to score n tokens in one call. It is a curve, not a
   constant (PyTorch bf16 here: 9 tokens ~1.07x one token; fp32 ~2.3x; llama.cpp ~7.5x), kept as
   one running mean per n, with a straight line fitted through them.
@@ -22,8 +23,10 @@ that one-off cost is spread over the tokens still wanted, so a long prompt with 
 is decoded plainly when reading it would cost the drafter more than it can win. When no k
 beats the plain step, the method runs plain steps and probes again with a full draft after
 16, 32, 64, ... plain steps (the probe refreshes the a_i; backing off keeps its cost negligible
-when speculation cannot win). The estimates live in the `Pairing`, so a pair's next request
-starts from what the last one learned.
+when speculation cannot win). While the drafter does not run, its estimates fade (keep their
+value, lose weight), so a probe after a transient slowdown (another job on the cores) replaces
+the stale numbers instead of being averaged away by them. The estimates live in the
+`Pairing`, so a pair's next request starts from what the last one learned.
 
 The draft length never changes what is sampled, only how fast (every method is lossless for
 any k), but with adaptive drafting a seeded sample depends on timing: use a fixed draft length
@@ -36,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 FORGET = 0.9  # weight kept by older steps per new observation
+FADE = 0.95  # weight kept by the drafter's estimates per step that does not run it
 PROBE_FIRST, PROBE_MAX = 16, 256
 
 
@@ -50,6 +54,11 @@ class _Mean:
         self.total = self.total * FORGET + value
         self.weight = self.weight * FORGET + 1.0
 
+    def fade(self, factor: float = FADE) -> None:
+        """Trust the mean less (same value, less weight): the next observation counts more."""
+        self.total *= factor
+        self.weight *= factor
+
     @property
     def value(self) -> float | None:
         return self.total / self.weight if self.weight > 0 else None
@@ -62,7 +71,6 @@ class Costs:
     target: dict = field(default_factory=dict)  # tokens scored in one call -> _Mean seconds
     draft: _Mean = field(default_factory=_Mean)  # seconds per drafter forward pass
     catch_up: _Mean = field(default_factory=_Mean)  # drafter seconds per token read in one pass
-    overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a drafting step
     plain_overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a plain step
 
     def target_curve(self):
@@ -85,12 +93,15 @@ class Costs:
 
 
 class Acceptance:
-    """Per-position acceptance a_1, a_2, ... (prior 0.5 each), candidates per drafter token,
-    and the probing schedule of one (pair, method, greedy or not)."""
+    """What one (pair, method, greedy or not) earns and spends beyond the pair's shared costs:
+    per-position acceptance a_1, a_2, ... (prior 0.5 each), candidates per drafter token, the
+    rest of a drafting step (translation, verification), and the probing schedule."""
 
     def __init__(self):
         self.positions: list[_Mean] = []
         self.ratio = _Mean(1.0, 1.0)
+        self.overhead = _Mean(0.0)
+        self.steps = 0  # drafting steps seen
         # plain steps since drafting last won, and after how many to probe (kept across
         # requests: a pair that cannot win is probed ever more rarely, not once per request)
         self.plain_streak, self.probe_after = 0, PROBE_FIRST
@@ -103,6 +114,7 @@ class Acceptance:
 
     def add(self, offered: int, accepted: int) -> None:
         """A step offered ``offered`` candidates; the first ``accepted`` were accepted."""
+        self.steps += 1
         while len(self.positions) < offered:
             self.positions.append(_Mean(0.5, 1.0))
         for i in range(min(accepted + 1, offered)):
@@ -158,7 +170,7 @@ class DraftPlan:
         for k in range(1, self.max_k + 1):
             m = r * k
             expected = acc.expected_tokens(m)
-            step = k * d + target(1 + m) + (c.plain_overhead if self.free else c.overhead).value
+            step = k * d + target(1 + m) + (c.plain_overhead if self.free else acc.overhead).value
             rate = expected / (step + catch * expected / max(budget, 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -224,9 +236,14 @@ class DraftPlan:
                 c.draft.add(draft / calls)
             elif c.draft.value is not None:  # the first pass also read `caught_up` tokens
                 c.catch_up.add(max(0.0, draft - (calls - 1) * c.draft.value) / caught_up)
-            c.overhead.add(max(0.0, wall - draft - target))
+            self.acc.overhead.add(max(0.0, wall - draft - target))
             self.acc.ratio.add(len(candidates) / calls)
         else:
             c.plain_overhead.add(max(0.0, wall - draft - target))
+            # what the drafter costs and earns goes stale while it does not run (a load that
+            # slowed it may have passed): the next probe's measurements then count for more
+            stale = () if self.free else (self.acc.overhead, *self.acc.positions)
+            for mean in (c.draft, c.catch_up, *stale):
+                mean.fade()
         if candidates:
             self.acc.add(len(candidates), n)

@@ -16,7 +16,7 @@ def hf_greedy(model, ids, max_new_tokens, eos_ids):
 
 def tiny_decoder(**kw):
     tok = byte_tokenizer()
-    return Decoder(target=tiny_llama(len(tok)), tokenizer=tok, **kw)
+    return Decoder(target=tiny_llama(len(tok)), tokenizer=tok, **{"method": "ar", **kw})
 
 
 @pytest.mark.parametrize("prompt", ["hello world", "def f(x):", "the quick brown fox"])

@@ -4,6 +4,8 @@ import pytest
 
 from anydraft import AnydraftError, Decoder
 from anydraft.methods import choose_auto
+from anydraft.methods.pairing import TRIAL_STEPS
+from anydraft.methods.policy import Acceptance, _Mean
 from tests.helpers import byte_tokenizer, tiny_llama
 from tests.methods.toys import Toys
 
@@ -11,6 +13,7 @@ from tests.methods.toys import Toys
 class FakePairing:
     def __init__(self, same):
         self.same_tokenizer = same
+        self.adaptive = False
 
 
 def test_auto_picks_sd_for_same_tokenizer_else_slem_greedy_tli_sampling():
@@ -18,6 +21,28 @@ def test_auto_picks_sd_for_same_tokenizer_else_slem_greedy_tli_sampling():
     assert choose_auto(FakePairing(True), greedy=False) == "sd"
     assert choose_auto(FakePairing(False), greedy=True) == "slem"
     assert choose_auto(FakePairing(False), greedy=False) == "tli"
+
+
+def measured(pairing, method, greedy, a, steps=TRIAL_STEPS, overhead=0.0):
+    acc = pairing.acceptance.setdefault((method, greedy), Acceptance())
+    acc.positions, acc.steps, acc.overhead = [_Mean(a)], steps, _Mean(overhead)
+
+
+def test_adaptive_auto_tries_each_candidate_then_keeps_the_fastest():
+    pairing = Toys().pairing()
+    pairing.adaptive = True
+    pairing.costs.target = {1: _Mean(0.1), 6: _Mean(0.11)}
+    pairing.costs.draft = _Mean(0.01)
+    assert choose_auto(pairing, greedy=False) == "tli"  # nothing measured: the usual best first
+    measured(pairing, "tli", False, 0.3)
+    assert choose_auto(pairing, greedy=False) == "slrs"  # then the next one gets its trial
+    measured(pairing, "slrs", False, 0.5, steps=TRIAL_STEPS - 1)
+    assert choose_auto(pairing, greedy=False) == "slrs"
+    measured(pairing, "slrs", False, 0.5)
+    assert choose_auto(pairing, greedy=False) == "slrs"  # it accepts more
+    measured(pairing, "slrs", False, 0.5, overhead=0.2)
+    assert choose_auto(pairing, greedy=False) == "tli"  # ... but its steps cost too much
+    assert choose_auto(pairing, greedy=True) == "slem"  # greedy is measured on its own
 
 
 def test_toy_pairing_detects_different_tokenizers():

@@ -73,3 +73,23 @@ def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, ba
             totals[method] += s["accepted"]
     # the drafter must actually help on some prompts, or the test proves nothing
     assert all(v > 0 for v in totals.values()), totals
+
+
+@pytest.mark.real
+def test_auto_with_every_optimisation_on_is_identical_to_plain_greedy(real_model):
+    """`auto` as users run it: adaptive draft lengths, measured choice of method, prompt lookup
+    mixed with the drafter, the drafter on llama.cpp. Which proposer runs each step depends on
+    timing; the output must not."""
+    target = "qwen2.5-coder-0.5b"
+    dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
+                  drafter=drafter_model(real_model, "smollm2-135m", "llamacpp"),
+                  drafter_tokenizer=load_tokenizer("smollm2-135m"))
+    drafted = 0
+    for prompt in mixed_prompts():
+        if (target, prompt) not in PLAIN:
+            PLAIN[target, prompt] = dec.generate(prompt, max_new_tokens=MAX_NEW, method="ar")
+        out = dec.generate(prompt, max_new_tokens=MAX_NEW)
+        assert out.token_ids == PLAIN[target, prompt].token_ids, (out.stats["method"], prompt[:60])
+        assert out.stats["method"] in ("slem+lookup", "tli+lookup")
+        drafted += out.stats["drafted"]
+    assert drafted > 0

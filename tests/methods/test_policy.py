@@ -14,12 +14,11 @@ from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import Toys, params
 
 
-def costs(target: dict, draft: float, overhead: float = 0.0) -> Costs:
+def costs(target: dict, draft: float) -> Costs:
     c = Costs()
     for n, seconds in target.items():
         c.target[n] = _Mean(seconds)
     c.draft = _Mean(draft)
-    c.overhead = _Mean(overhead)
     return c
 
 
@@ -200,3 +199,24 @@ def test_no_probe_when_the_drafter_would_first_read_a_long_prompt():
     plan = DraftPlan(5, True, c, acc, FakeDrafter(2000, 0))  # 4 s of reading vs a 0.2 s step
     plan.steps = 2
     assert not any(plan.k(FakeState()) for _ in range(100))
+
+
+def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
+    """A drafter measured slow under a transient load: after 64 plain steps one probe at its
+    real speed moves the estimate most of the way back (a mean worth 10 steps, unfaded, would
+    move a tenth of the way)."""
+    c = Costs()
+    for _ in range(30):
+        c.draft.add(0.04)  # slowed by another job
+    plan = DraftPlan(4, True, c, acceptance(0.7))
+    state = FakeState()
+    for _ in range(64):  # plain steps: the drafter does not run
+        plan.k(state)
+        state.stats.phase_seconds["target"] += 0.1
+        plan.close(state, [], 0)
+    assert c.draft.value == pytest.approx(0.04)  # faded, not changed
+    plan.k(state)  # the probe: 4 drafter passes at 0.01 s
+    state.stats.drafter_calls += 4
+    state.stats.phase_seconds["draft"] += 0.04
+    plan.close(state, [1, 2, 3, 4], 4)
+    assert c.draft.value < 0.02

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import chat_body
@@ -45,7 +46,10 @@ def test_metrics_parse_and_move(server):
         total(before, "anydraft_request_latency_seconds_count", endpoint=chat) + 2
     assert total(after, "anydraft_time_to_first_token_seconds_count") > \
         total(before, "anydraft_time_to_first_token_seconds_count")
-    assert total(after, "anydraft_mean_accepted_tokens") == 1.0  # no drafter: one per call
+    # committed tokens per target call (no drafter here: auto copies from the prompt, so >= 1)
+    assert total(after, "anydraft_mean_accepted_tokens") == pytest.approx(
+        total(after, "anydraft_completion_tokens_total") / total(after, "anydraft_target_calls_total"))
+    assert total(after, "anydraft_mean_accepted_tokens") >= 1.0
     for name in ("anydraft_acceptance_rate", "anydraft_queue_waiting",
                  "anydraft_active_generations", "anydraft_queue_wait_seconds_bucket"):
         assert any(n == name for n, _ in after), name
