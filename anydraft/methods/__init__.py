@@ -26,15 +26,18 @@ def check(name: str, has_drafter: bool) -> str:
 
 
 def auto_candidates(pairing: Pairing | None, greedy: bool) -> tuple[str, ...]:
-    """`auto`'s drafter methods, the usual best first: sd for a same-tokenizer pair; else slem
-    for greedy (it proposes any target token, multi-token merges included) then tli; tli for
-    sampling (rejection sampling accepts far more than exact match of two independent
-    samples) then slrs. No drafter: "ar"."""
+    """`auto`'s drafter methods, the usual best first: sd for a same-tokenizer pair; else for
+    greedy slem (it proposes the drafter's own choice, re-tokenized: any target token,
+    multi-token merges included; tli's greedy draft is the drafter's best among shared tokens
+    only, so a trial of it costs more than it can win); for sampling tli (rejection sampling
+    accepts far more than exact match of two independent samples) and slrs (it accepts more
+    of what it drafts but cuts drafts into fewer candidates: which wins depends on the pair).
+    No drafter: "ar"."""
     if pairing is None:
         return ("ar",)
     if pairing.same_tokenizer:
         return ("sd",)
-    return ("slem", "tli") if greedy else ("tli", "slrs")
+    return ("slem",) if greedy else ("tli", "slrs")
 
 
 def choose_auto(pairing: Pairing | None, greedy: bool, budget: int = 128) -> str:
