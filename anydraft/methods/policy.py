@@ -201,7 +201,9 @@ class DraftPlan:
             behind = self.behind()
             k = self.choose(state.budget, behind)
             acc = self.acc
-            if k:
+            if k and self.renting(state, behind):
+                k = 0  # not a verdict on drafting: the probe schedule is left as it is
+            elif k:
                 acc.plain_streak, acc.probe_after = 0, PROBE_FIRST
             else:
                 acc.plain_streak += 1
@@ -213,6 +215,17 @@ class DraftPlan:
                     acc.plain_streak = 0
                     acc.probe_after = min(PROBE_MAX, acc.probe_after * 2)
         return min(k, room(state))
+
+    def renting(self, state, behind: int) -> bool:
+        """Whether to keep decoding plainly before the drafter reads a backlog (a prompt).
+
+        Reading is paid once and repaid only by tokens that come after it; an answer that
+        ends early (EOS after 10 tokens of the 64 asked) never repays it. The ski-rental rule:
+        read only once this request's tokens so far would have cost as much as the reading,
+        at one plain step each. Whatever the answer's length, that costs at most about twice
+        the better of reading at once and never reading."""
+        catch, plain = self.catch_up_seconds(behind), self.costs.target_seconds(1)
+        return catch > 0 and plain is not None and catch > state.stats.new_tokens * plain
 
     def close(self, state, candidates: list[int], n: int) -> None:
         """After verification: the target's cache keeps the committed text and the ``n``

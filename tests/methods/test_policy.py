@@ -220,3 +220,22 @@ def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
     state.stats.phase_seconds["draft"] += 0.04
     plan.close(state, [1, 2, 3, 4], 4)
     assert c.draft.value < 0.02
+
+
+def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
+    """Ski rental: 1000 tokens to read at 2 ms (2 s) against 0.09 s plain steps. Worth it for
+    2000 tokens wanted, but only read after 23 plain tokens, so an answer that stops at 10
+    never pays; renting does not count as drafting losing (no probe back-off)."""
+    c = costs({1: 0.09, 6: 0.1}, 0.01)
+    c.catch_up = _Mean(0.002)
+    plan = DraftPlan(5, True, c, acceptance(0.7), FakeDrafter(1000, 0))
+    plan.steps = 2
+    state = FakeState()
+    state.budget = 2000
+    assert plan.choose(state.budget, plan.behind()) > 0
+    ks = []
+    for generated in range(30):
+        state.stats.new_tokens = generated
+        ks.append(plan.k(state))
+    assert ks[:23] == [0] * 23 and all(k > 0 for k in ks[23:])
+    assert plan.acc.plain_streak == 0
