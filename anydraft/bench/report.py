@@ -222,11 +222,14 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
            "use k as if every round drafted k: read them as an estimate." if s["adaptive"] else ""),
         "- tokens / target call: new tokens / target forward passes (1.00 for AR).",
         "- c: (draft seconds / drafter forward calls) / (AR target seconds / AR target calls on "
-        "the same prompt and target backend); median over prompts. Prefills are folded into both.",
+        "the same prompt and target backend); median over prompts. Prefills are folded into both. "
+        "0 for a run whose candidates were all copied (prompt lookup: no drafter pass).",
         "- bound S(a,k,c) = (1 - a^(k+1)) / ((1 - a)(k c + 1)), the analytic speedup of "
         "speculative decoding (ALGORITHMS.md section 0). It ignores that verifying k+1 tokens "
         "costs more than one plain step and all translation/sync overhead, so measured / bound "
-        "is normally below 1.",
+        "is normally below 1. It also assumes every token is accepted with the same chance a: "
+        "copies (lookup, and auto's copy steps) are rather all right or all wrong, so their "
+        "bound is only indicative.",
         "",
     ]
     path = out_dir / "summary.md"
