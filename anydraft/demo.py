@@ -35,7 +35,7 @@ def run_demo(args) -> int:
                else f"{args.drafter} ({args.drafter_dtype})")
     print(f"target {args.target} ({args.dtype}), drafter {drafter}, method {args.method}, greedy, "
           f"{args.max_new_tokens} new tokens\n")
-    header = f"| {'prompt':<12} | {'method':<6} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
+    header = f"| {'prompt':<12} | {'method':<11} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for method in methods:  # warm-up: first forward passes read the weights from disk
@@ -50,7 +50,7 @@ def run_demo(args) -> int:
             speedup = base.stats["seconds"] / s["seconds"]
             same = "yes" if out.token_ids == base.token_ids else "NO"
             differed = differed or same == "NO"
-            print(f"| {p['id']:<12} | {s['method']:<6} | {s['new_tokens']:>6} | {s['seconds']:>7.2f} "
+            print(f"| {p['id']:<12} | {s['method']:<11} | {s['new_tokens']:>6} | {s['seconds']:>7.2f} "
                   f"| {s['tokens_per_s']:>6.1f} | {speedup:>6.2f}x | {same:<9} |", flush=True)
     if differed and args.dtype == "bfloat16":
         print("\nNO: a bfloat16 target rounds a position scored inside a batch differently than alone, "

@@ -17,16 +17,18 @@ committed tokens per second, from online measurements:
   constant (PyTorch bf16 here: 9 tokens ~1.07x one token; fp32 ~2.3x; llama.cpp ~7.5x), kept as
   one running mean per n, with a straight line fitted through them.
 
-A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. A
-drafter that is behind the committed text (the prompt, at first) must read it before drafting:
-that one-off cost is spread over the tokens still wanted, so a long prompt with a short answer
-is decoded plainly when reading it would cost the drafter more than it can win. When no k
-beats the plain step, the method runs plain steps and probes again with a full draft after
-16, 32, 64, ... plain steps (the probe refreshes the a_i; backing off keeps its cost negligible
-when speculation cannot win). While the drafter does not run, its estimates fade (keep their
-value, lose weight), so a probe after a transient slowdown (another job on the cores) replaces
-the stale numbers instead of being averaged away by them. The estimates live in the
-`Pairing`, so a pair's next request starts from what the last one learned.
+A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. A drafter
+that is behind the committed text (the prompt, at first) must read it before drafting: that
+one-off cost is spread over the tokens still wanted, so a long prompt with a short answer is
+decoded plainly when reading it would cost the drafter more than it can win; and since an
+answer may stop early, the reading waits until the answer's plain tokens would have cost as
+much (ski rental: `DraftPlan.renting`). When no k beats the plain step, the method runs plain
+steps and probes again with a full draft after 16, 32, 64, ... plain steps (the probe refreshes
+the a_i; backing off keeps its cost negligible when speculation cannot win). While the drafter
+does not run, its estimates fade (keep their value, lose weight), so a probe after a transient
+slowdown (another job on the cores) replaces the stale numbers instead of being averaged away
+by them. The estimates live in the `Pairing`, so a pair's next request starts from what the
+last one learned.
 
 The draft length never changes what is sampled, only how fast (every method is lossless for
 any k), but with adaptive drafting a seeded sample depends on timing: use a fixed draft length
