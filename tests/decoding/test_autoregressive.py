@@ -66,7 +66,7 @@ def test_smollm2_greedy_equals_hf_generate(real_model, prompt):
     from anydraft.models.loading import load_tokenizer
 
     model = real_model("smollm2-135m")
-    dec = Decoder(target=model, tokenizer=load_tokenizer("smollm2-135m"))
+    dec = Decoder(target=model, tokenizer=load_tokenizer("smollm2-135m"), method="ar")
     ids = dec.prompt_ids(prompt)
     out = dec.generate(prompt, max_new_tokens=48)
     assert out.token_ids == hf_greedy(model, ids, 48, dec.eos_ids)
