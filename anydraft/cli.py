@@ -39,6 +39,9 @@ def add_draft_options(p: argparse.ArgumentParser) -> None:
                    help="always draft --num-draft-tokens (default: adaptive, from measured costs)")
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="stop drafting when the drafter's top probability falls below this")
+    p.add_argument("--drafter-context", type=int, default=0,
+                   help="the drafter reads only the prompt's last N tokens (cheaper on long "
+                        "prompts; 0: all of it)")
 
 
 def add_backend_options(p: argparse.ArgumentParser) -> None:
@@ -60,6 +63,7 @@ def _decoder(args):
         num_draft_tokens=args.num_draft_tokens,
         draft_confidence=args.draft_confidence,
         adaptive=not args.fixed_k,
+        drafter_context=args.drafter_context,
         progress=_progress,
         backend=args.target_backend,
         drafter_backend=args.drafter_backend,

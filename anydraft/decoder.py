@@ -50,6 +50,7 @@ class Decoder:
         num_draft_tokens: int = 5,
         draft_confidence: float = 0.0,
         adaptive: bool = True,
+        drafter_context: int = 0,
         progress=None,
         backend: str = "torch",
         drafter_backend: str | None = None,
@@ -62,7 +63,11 @@ class Decoder:
             raise AnydraftError(f"num_draft_tokens must be an integer in 1..64, got {num_draft_tokens!r}")
         if not 0 <= draft_confidence < 1:
             raise AnydraftError(f"draft_confidence must be in [0, 1), got {draft_confidence!r}")
+        if isinstance(drafter_context, bool) or not isinstance(drafter_context, int) or drafter_context < 0:
+            raise AnydraftError(
+                f"drafter_context must be a non-negative integer (0: the whole prompt), got {drafter_context!r}")
         self.num_draft_tokens = num_draft_tokens
+        self.drafter_context = drafter_context
         self.adaptive = bool(adaptive)
         self.draft_confidence = draft_confidence
         self.target = load(target, backend, tokenizer, dtype, device, progress)

@@ -46,7 +46,7 @@ def register(sub) -> None:
     b.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target, torch backend)")
     b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
     b.add_argument("--device", default="cpu")
-    add_draft_options(b)  # --num-draft-tokens (k, also the bound's), --fixed-k, --draft-confidence
+    add_draft_options(b)  # --num-draft-tokens (k, also the bound's), --fixed-k, --draft-confidence, --drafter-context
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
     b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     b.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
@@ -73,6 +73,8 @@ def settings_from_args(args):
         raise AnydraftError(f"--num-draft-tokens must be in 1..64, got {args.num_draft_tokens}")
     if not 0 <= args.draft_confidence < 1:
         raise AnydraftError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}")
+    if args.drafter_context < 0:
+        raise AnydraftError(f"--drafter-context must be >= 0 (0: the whole prompt), got {args.drafter_context}")
     if args.baseline == "hf" and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
     target_backends = parse_backends(args.target_backend, "--target-backend")
@@ -98,7 +100,7 @@ def settings_from_args(args):
         top_p=args.top_p, min_p=args.min_p, seed=args.seed, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=args.device,
         num_draft_tokens=args.num_draft_tokens, adaptive=not args.fixed_k,
-        draft_confidence=args.draft_confidence,
+        draft_confidence=args.draft_confidence, drafter_context=args.drafter_context,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
 
 

@@ -38,6 +38,7 @@ class BenchSettings:
     num_draft_tokens: int = 5  # k, or the largest k when adaptive
     adaptive: bool = True
     draft_confidence: float = 0.0
+    drafter_context: int = 0  # prompt tokens the drafter reads (0: all)
     repeats: int = 1
     warmup: bool = True
     chat: str = "auto"  # auto | yes | no
@@ -152,7 +153,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, settings.min_p,
                             settings.seed)
     common = dict(num_draft_tokens=settings.num_draft_tokens, adaptive=settings.adaptive,
-                  draft_confidence=settings.draft_confidence, dtype=settings.dtype,
+                  draft_confidence=settings.draft_confidence,
+                  drafter_context=settings.drafter_context, dtype=settings.dtype,
                   device=settings.device)
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)

@@ -17,7 +17,8 @@ def build_decoders(args) -> list:
     from ..decoder import Decoder
 
     common = dict(method=args.method, num_draft_tokens=args.num_draft_tokens,
-                  draft_confidence=args.draft_confidence, adaptive=not args.fixed_k)
+                  draft_confidence=args.draft_confidence, adaptive=not args.fixed_k,
+                  drafter_context=args.drafter_context)
     first = Decoder(target=args.target, drafter=args.drafter, dtype=args.dtype,
                     drafter_dtype=args.drafter_dtype, backend=args.target_backend,
                     drafter_backend=args.drafter_backend, progress=_progress, **common)

@@ -69,6 +69,31 @@ def test_sd_is_exact_with_a_same_vocabulary_drafter(toys, settings):
     assert_same_distribution(got, want)
 
 
+@pytest.mark.parametrize("settings", [SETTINGS[1], SETTINGS[4]], ids=str)
+@pytest.mark.parametrize("method", ["slem", "tli", "slrs", "sd"])
+def test_a_drafter_reading_only_the_prompts_end_is_exact(toys, method, settings):
+    """--drafter-context: the drafter reads the last token of the prompt "abc" and what follows."""
+    import dataclasses
+    import types
+
+    from tests.methods.toys import TARGET_VOCAB, ToySession
+
+    prompt = [1, 2, 3]  # "a", "b", "c"
+    p = params(**settings)
+    want = toys.exact_target_distribution(prompt, p, max_new(settings))
+    pairing = dataclasses.replace(toys.pairing(num_draft_tokens=2), drafter_context=1)
+    if method == "sd":
+        pairing = dataclasses.replace(
+            pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
+            new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
+    state = types.SimpleNamespace(committed=prompt, stats=None)
+    assert pairing.new_drafter(state, same_ids=method == "sd").ids == [3]  # "c" in both vocabularies
+    make = {"slem": StringLevelExactMatch, "tli": TokenLevelIntersection,
+            "slrs": StringLevelRejectionSampling, "sd": SpeculativeSampling}[method]
+    got, _ = toys.method_distribution(lambda: make(pairing), prompt, p, max_new(settings))
+    assert_same_distribution(got, want)
+
+
 def test_a_wrong_verifier_is_caught(toys):
     """The harness must be able to fail: accepting every draft gives the drafter's law."""
     import anydraft.methods.tli as tli

@@ -78,12 +78,12 @@ def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, ba
 @pytest.mark.real
 def test_auto_with_every_optimisation_on_is_identical_to_plain_greedy(real_model):
     """`auto` as users run it: adaptive draft lengths, measured choice of method, prompt lookup
-    mixed with the drafter, the drafter on llama.cpp. Which proposer runs each step depends on
-    timing; the output must not."""
+    mixed with the drafter, the drafter on llama.cpp reading only the prompt's last 16 tokens.
+    Which proposer runs each step depends on timing; the output must not."""
     target = "qwen2.5-coder-0.5b"
     dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
                   drafter=drafter_model(real_model, "smollm2-135m", "llamacpp"),
-                  drafter_tokenizer=load_tokenizer("smollm2-135m"))
+                  drafter_tokenizer=load_tokenizer("smollm2-135m"), drafter_context=16)
     drafted = 0
     for prompt in mixed_prompts():
         if (target, prompt) not in PLAIN:
