@@ -64,9 +64,10 @@ def cost_ratio(draft_seconds: float, drafter_calls: int,
     """Measured c = (draft_seconds / drafter_calls) / (ar_target_seconds / ar_target_calls).
 
     Numerator: mean wall time of one drafter forward call (one draft token; the drafter's
-    prefill and resync feeds are folded in) in the speculative run. Denominator: mean wall
+    prompt read and resync feeds are folded in) in the speculative run. Denominator: mean wall
     time of one target forward call in the plain (AR) run of the same prompt, where each call
-    produces one token (the prompt prefill is folded in). None when either is unmeasured.
+    produces one token (callers leave out the first call, which reads the prompt). None when
+    either is unmeasured.
     """
     if drafter_calls <= 0 or ar_target_calls <= 0 or ar_target_seconds <= 0:
         return None

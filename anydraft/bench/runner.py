@@ -293,6 +293,18 @@ def _speedup(stats: dict, base: dict) -> float | None:
     return stats["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else None
 
 
+def _decode_seconds_per_token(stats: dict) -> float | None:
+    """Seconds per new token after the target's first call (the prompt read, the same work
+    for every method: it dilutes end-to-end speedups on long prompts)."""
+    n, prefill = stats["new_tokens"] - 1, stats.get("prefill_seconds")
+    return None if n < 1 or prefill is None else (stats["seconds"] - prefill) / n
+
+
+def _decode_speedup(stats: dict, base: dict) -> float | None:
+    mine, plain = _decode_seconds_per_token(stats), _decode_seconds_per_token(base)
+    return None if not mine or plain is None else plain / mine
+
+
 def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Progress,
                      name_of: Callable[[tuple], str], diverge: Callable | None = None) -> list[dict]:
     ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target backend
@@ -311,9 +323,11 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "target_backend": tb, "drafter_backend": db,
             "resolved_method": s.get("method", method),
             "new_tokens": s["new_tokens"], "prompt_tokens": s["prompt_tokens"],
-            "seconds": s["seconds"], "tokens_per_s": s["tokens_per_s"],
+            "seconds": s["seconds"], "prefill_seconds": s.get("prefill_seconds"),
+            "tokens_per_s": s["tokens_per_s"],
             "seconds_all": [r["stats"]["seconds"] for r in results],
             "speedup_vs_ar": _speedup(s, ar_s),
+            "decode_speedup_vs_ar": _decode_speedup(s, ar_s),
             "speedup_vs_torch_ar": _speedup(s, ars["torch"]["stats"]) if "torch" in ars else None,
             "speedup_vs_hf": _speedup(s, hf_stats[name]) if name in hf_stats else None,
             "acceptance": None, "acceptance_per_token": None, "mean_accepted": None,
@@ -331,7 +345,8 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
         if method not in ("ar", "hf") and s["drafted"]:
             a = per_token_acceptance(s["acceptance_rate"], k)
             c = 0.0 if not s["drafter_calls"] else cost_ratio(  # copies cost no drafter pass
-                s["draft_seconds"], s["drafter_calls"], ar_s["target_seconds"], ar_s["target_calls"])
+                s["draft_seconds"], s["drafter_calls"],
+                ar_s["target_seconds"] - ar_s["prefill_seconds"], ar_s["target_calls"] - 1)
             row["acceptance_per_token"] = a
             row["cost_ratio"] = c
             row["bound"] = None if c is None else speedup_bound(a, k, c)

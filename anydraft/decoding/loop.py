@@ -45,8 +45,11 @@ class DecodeState:
         after the committed text and the first i candidates.
         """
         ids = self.pending + list(candidates)
+        before = self.stats.phase_seconds["target"]
         with self.stats.timed("target"):
             logits = self.target.feed(ids, rows=len(candidates) + 1)
+        if not self.stats.target_calls:
+            self.stats.prefill_seconds = self.stats.phase_seconds["target"] - before
         self.stats.target_calls += 1
         return logits
 

@@ -20,6 +20,7 @@ class Stats:
     drafted: int = 0  # draft tokens offered to the target (in target tokens)
     accepted: int = 0  # of those, how many the target accepted (and the output kept)
     target_tokens: int = 0  # tokens the target chose itself: new_tokens = accepted + target_tokens
+    prefill_seconds: float = 0.0  # the target's first call: it reads the prompt
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @contextmanager
@@ -49,5 +50,6 @@ class Stats:
             "draft_seconds": self.phase_seconds["draft"],
             "target_seconds": self.phase_seconds["target"],
             "translate_seconds": self.phase_seconds["translate"],
+            "prefill_seconds": self.prefill_seconds,
             "other_seconds": other,
         }

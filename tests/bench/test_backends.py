@@ -33,7 +33,8 @@ def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, torch_ar_tps=
     return {
         "prompt_id": "p1", "category": category, "method": method, "drafter": drafter,
         "target_backend": tb, "drafter_backend": db, "new_tokens": 10, "seconds": 10 / tps,
-        "tokens_per_s": tps, "speedup_vs_ar": tps / ar_tps, "speedup_vs_torch_ar": tps / torch_ar_tps,
+        "tokens_per_s": tps, "speedup_vs_ar": tps / ar_tps, "decode_speedup_vs_ar": tps / ar_tps,
+        "speedup_vs_torch_ar": tps / torch_ar_tps,
         "speedup_vs_hf": None, "acceptance": 0.5 if drafting else None,
         "acceptance_per_token": 0.7 if drafting else None, "mean_accepted": 2.0 if drafting else 1.0,
         "drafted": 10 if drafting else 0, "accepted": 5 if drafting else 0, "target_calls": 5,

@@ -86,6 +86,12 @@ def test_speedups_come_from_the_same_prompt(run):
         assert r["new_tokens"] == base["new_tokens"]  # greedy: same tokens
         assert r["speedup_vs_ar"] == pytest.approx(base["seconds"] / r["seconds"], rel=1e-9)
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
+        if r["method"] == "hf":  # transformers' loop: no first-call time to leave out
+            assert r["decode_speedup_vs_ar"] is None
+        else:  # after the first target call, which reads the prompt
+            assert 0 < r["prefill_seconds"] < r["seconds"]
+            decode = (base["seconds"] - base["prefill_seconds"]) / (r["seconds"] - r["prefill_seconds"])
+            assert r["decode_speedup_vs_ar"] == pytest.approx(decode, rel=1e-9)
 
 
 def test_greedy_identical_to_ar(run):
