@@ -175,13 +175,10 @@ class DraftPlan:
         # the drafter's stop rule (`Drafter.propose`); None: draft all k, skip the confidences
         self.stop = self.stop_after if adaptive or confidence > 0 else None
 
-    def choose(self, budget: int = 1 << 30, behind: int = 0) -> int:
-        """The k with the most expected tokens per second (0 = a plain target step)."""
-        return self.best(budget, behind)[0]
-
     def best(self, budget: int = 1 << 30, behind: int = 0) -> tuple[int, float | None]:
-        """``(k, expected tokens per second)`` for the best k; the rate is None (and k the
-        largest) before anything is measured.
+        """``(k, expected tokens per second)`` for the k with the most expected tokens per
+        second (0 = a plain target step); the rate is None (and k the largest) before anything
+        is measured.
 
         ``behind``: committed tokens the drafter has not read yet (the whole prompt at first,
         or what plain steps committed). Drafting first pays for reading them, once for the

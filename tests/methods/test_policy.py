@@ -67,19 +67,19 @@ def test_target_cost_curve_interpolates_and_extrapolates():
 ])
 def test_choice_follows_the_costs(case, want):
     plan = DraftPlan(8, True, costs(case["target"], case["draft"]), acceptance(case["a"]))
-    assert plan.choose() == want
+    assert plan.best()[0] == want
 
 
 def test_middle_ground_picks_a_short_draft():
     plan = DraftPlan(8, True, costs({1: 0.2, 3: 0.24, 9: 0.6}, 0.03), acceptance(0.6))
-    assert 1 <= plan.choose() < 8
+    assert 1 <= plan.best()[0] < 8
 
 
 def test_rising_acceptance_favours_long_drafts():
     """The same first position; acceptance that rises along the draft makes long drafts pay."""
     c = costs({1: 0.09, 6: 0.106}, 0.01)
-    assert DraftPlan(5, True, c, acceptance(0.5)).choose() == 2
-    assert DraftPlan(5, True, c, acceptance(0.5, 0.9, 0.9, 0.9, 0.9)).choose() == 5
+    assert DraftPlan(5, True, c, acceptance(0.5)).best()[0] == 2
+    assert DraftPlan(5, True, c, acceptance(0.5, 0.9, 0.9, 0.9, 0.9)).best()[0] == 5
 
 
 class FakeState:
@@ -144,9 +144,9 @@ def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
     c = costs({1: 0.09, 6: 0.1}, 0.01)
     c.catch_up = _Mean(0.002)
     plan = DraftPlan(5, True, c, acceptance(0.7))
-    assert plan.choose(budget=20, behind=1000) == 0
-    assert plan.choose(budget=2000, behind=1000) > 0
-    assert plan.choose(budget=20, behind=2) > 0  # in step: nothing to catch up
+    assert plan.best(budget=20, behind=1000)[0] == 0
+    assert plan.best(budget=2000, behind=1000)[0] > 0
+    assert plan.best(budget=20, behind=2)[0] > 0  # in step: nothing to catch up
     # through k(): the drafter's own backlog counts
     state = FakeState()
     state.budget = 20
@@ -294,7 +294,7 @@ def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
     plan.steps = 2
     state = FakeState()
     state.budget = 2000
-    assert plan.choose(state.budget, plan.behind()) > 0
+    assert plan.best(state.budget, plan.behind())[0] > 0
     ks = []
     for generated in range(30):
         state.stats.new_tokens = generated
