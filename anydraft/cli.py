@@ -38,9 +38,7 @@ def add_draft_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --num-draft-tokens (default: adaptive, from measured costs)")
     p.add_argument("--draft-confidence", type=float, default=0.0,
-                   help="stop drafting after a token whose drafter top probability is below "
-                        "this (adaptive drafting also stops by itself when a draft has probably "
-                        "gone wrong)")
+                   help="stop drafting when the drafter's top probability falls below this")
     p.add_argument("--drafter-context", type=int, default=0,
                    help="the drafter reads only the prompt's last N tokens (cheaper on long "
                         "prompts; 0: all of it)")

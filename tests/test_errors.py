@@ -40,6 +40,17 @@ def test_invalid_generation_settings(dec, kwargs, match):
         dec.generate("hello", **kwargs)
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    ({"num_draft_tokens": 0}, "num_draft_tokens"), ({"draft_confidence": 1.0}, "draft_confidence"),
+    ({"drafter_context": -5}, "drafter_context must be a non-negative integer"),
+    ({"drafter_context": 1.5}, "drafter_context"),
+])
+def test_invalid_draft_settings(kwargs, match):
+    tok = byte_tokenizer()
+    with pytest.raises(AnydraftError, match=match):
+        Decoder(target=tiny_llama(len(tok), max_positions=64), tokenizer=tok, **kwargs)
+
+
 def test_model_object_without_tokenizer():
     with pytest.raises(AnydraftError, match="tokenizer"):
         Decoder(target=tiny_llama(300))

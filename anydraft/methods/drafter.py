@@ -27,28 +27,22 @@ class Drafter:
         self.ids = ids  # committed text in drafter tokens
         self.stats = stats
         self.drafts: list[int] = []  # drafted after `ids` at the last step
-        self.confidences: list[float] = []  # the drafter's top probability at each draft
-        self.kept: tuple[list[float], int] | None = None  # last step: confidences, drafts kept
         self.caught_up = 0  # tokens of the committed text the last `propose` had to feed first
 
     def propose(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
-                greedy: bool, generator: torch.Generator,
-                stop: Callable[[list[float]], bool] | None = None,
+                greedy: bool, generator: torch.Generator, confidence: float,
                 stop_ids: frozenset[int] = frozenset()) -> tuple[list[int], list[torch.Tensor]]:
         """Draft up to ``k`` tokens; return them and the distribution each was drawn from.
 
         ``to_probs`` turns drafter logits into the proposal distribution (``None``: nothing
         can be proposed here). Greedy drafting takes the argmax of that distribution.
-        Drafting stops early after a token in ``stop_ids`` (EOS), or when ``stop`` says so
-        from the drafter's confidence in each token so far (the top probability of its raw
-        logits). The rule sees the drafts alone, never the target, so it keeps every method
-        lossless.
+        Drafting stops early after a token in ``stop_ids`` (EOS), or before a position where
+        the drafter's own top probability (softmax of its raw logits) is below ``confidence``.
         """
         room = self.session.max_length - len(self.ids) - 1
         k = min(k, room)
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
-        self.confidences = []
         with self.stats.timed("draft"):
             if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
@@ -57,6 +51,8 @@ class Drafter:
             for _ in range(k):
                 logits = self.session.feed(feed, rows=1)[-1]
                 self.stats.drafter_calls += 1
+                if confidence > 0 and float(torch.softmax(logits, -1).max()) < confidence:
+                    break
                 q = to_probs(logits)
                 if q is None:
                     break
@@ -65,10 +61,6 @@ class Drafter:
                 dists.append(q)
                 if token in stop_ids:
                     break
-                if stop is not None:
-                    self.confidences.append(float(torch.softmax(logits, -1).max()))
-                    if stop(self.confidences):
-                        break
                 feed = [token]
         self.drafts = tokens
         return tokens, dists
@@ -101,8 +93,6 @@ class Drafter:
 
     def _commit(self, n_keep: int, feed: list[int]) -> None:
         base = len(self.ids)
-        if self.confidences:  # learned from by the draft plan (`Acceptance.learn_confidence`)
-            self.kept, self.confidences = (self.confidences, n_keep), []
         self.ids.extend(self.drafts[:n_keep])
         self.ids.extend(feed)
         # the cache may hold ids[:base] + drafts[:k-1]; keep only what is still valid

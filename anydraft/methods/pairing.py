@@ -72,8 +72,7 @@ class Pairing:
     def plan(self, method: str, greedy: bool, drafter: Drafter) -> DraftPlan:
         """The draft-length plan of one generation (adaptive estimates are kept per pair)."""
         acceptance = self.acceptance.setdefault((method, greedy), Acceptance())
-        return DraftPlan(self.num_draft_tokens, self.adaptive, self.costs, acceptance, drafter,
-                         confidence=self.confidence)
+        return DraftPlan(self.num_draft_tokens, self.adaptive, self.costs, acceptance, drafter)
 
     def fastest(self, candidates: tuple[str, ...], greedy: bool, budget: int) -> str:
         """The method expected to commit the most tokens per second on this pair, from what its

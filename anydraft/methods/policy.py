@@ -30,12 +30,6 @@ slowdown (another job on the cores) replaces the stale numbers instead of being 
 by them. The estimates live in the `Pairing`, so a pair's next request starts from what the
 last one learned.
 
-Within a step, the drafter also stops early when its draft has probably gone wrong already
-(`DraftPlan.stop_after`): its confidence in each token (top probability) is calibrated into a
-chance of being kept, learned per pair and method, and a further pass must be expected to add
-more tokens than it costs at the step's rate (a fixed ``draft_confidence`` threshold replaces
-this rule when drafting is not adaptive).
-
 The draft length never changes what is sampled, only how fast (every method is lossless for
 any k), but with adaptive drafting a seeded sample depends on timing: use a fixed draft length
 for run-to-run identical seeded samples.
@@ -48,7 +42,6 @@ from dataclasses import dataclass, field
 
 FORGET = 0.9  # weight kept by older steps per new observation
 FADE = 0.95  # weight kept by the drafter's estimates per step that does not run it
-BINS = 10  # drafter confidence bins of `Acceptance.calibration`
 PROBE_FIRST, PROBE_MAX = 16, 256
 
 
@@ -111,10 +104,6 @@ class Acceptance:
         self.ratio = _Mean(1.0, 1.0)
         self.overhead = _Mean(0.0)
         self.steps = 0  # drafting steps seen
-        # the chance a drafter token is kept (its text committed) once the ones before it were,
-        # overall and per bin of the drafter's confidence in it (prior: the bin's middle)
-        self.token_kept = _Mean(0.5, 1.0)
-        self.calibration = [_Mean((b + 0.5) / BINS, 2.0) for b in range(BINS)]
         # plain steps since drafting last won, and after how many to probe (kept across
         # requests: a pair that cannot win is probed ever more rarely, not once per request)
         self.plain_streak, self.probe_after = 0, PROBE_FIRST
@@ -132,16 +121,6 @@ class Acceptance:
             self.positions.append(_Mean(0.5, 1.0))
         for i in range(min(accepted + 1, offered)):
             self.positions[i].add(1.0 if i < accepted else 0.0)
-
-    def kept(self, confidence: float) -> float:
-        return self.calibration[min(int(confidence * BINS), BINS - 1)].value
-
-    def learn_confidence(self, confidences: list[float], n_keep: int) -> None:
-        """The drafter's tokens with these confidences were drafted; the first ``n_keep`` kept."""
-        for i, confidence in enumerate(confidences[: n_keep + 1]):
-            outcome = 1.0 if i < n_keep else 0.0
-            self.calibration[min(int(confidence * BINS), BINS - 1)].add(outcome)
-            self.token_kept.add(outcome)
 
     def expected_tokens(self, m: float) -> float:
         """Tokens a step commits with m candidates: the accepted ones plus the target's own."""
@@ -165,15 +144,11 @@ class DraftPlan:
     verification (rolls the target back to what was kept, and learns from the step)."""
 
     def __init__(self, max_k: int, adaptive: bool, costs: Costs, acceptance: Acceptance,
-                 drafter=None, free: bool = False, confidence: float = 0.0):
+                 drafter=None, free: bool = False):
         # free: drafts cost nothing (copied by prompt lookup, no drafter pass)
         self.max_k, self.adaptive, self.drafter, self.free = max_k, adaptive, drafter, free
         self.costs, self.acc = costs, acceptance
-        self.confidence = confidence  # fixed: stop drafting after a token less sure than this
         self.steps = 0
-        self.worth = None  # this step: tokens a further drafter pass must be expected to add
-        # the drafter's stop rule (`Drafter.propose`); None: draft all k, skip the confidences
-        self.stop = self.stop_after if adaptive or confidence > 0 else None
 
     def best(self, budget: int = 1 << 30, behind: int = 0) -> tuple[int, float | None]:
         """``(k, expected tokens per second)`` for the k with the most expected tokens per
@@ -217,23 +192,18 @@ class DraftPlan:
         s = state.stats
         self._before = (s.phase_seconds["draft"], s.phase_seconds["target"], s.drafter_calls,
                         len(state.pending))
-        self.worth = None
-        if self.drafter is not None and self.drafter.kept is not None:
-            self.acc.learn_confidence(*self.drafter.kept)
-            self.drafter.kept = None
         if not self.adaptive:
             k = self.max_k
         elif self.steps == 1 and 1 not in self.costs.target:
             k = 0  # measure a plain step once per pair (step 0 also reads the prompt: not used)
         else:
             behind = self.behind()
-            k, rate = self.best(state.budget, behind)
+            k = self.best(state.budget, behind)[0]
             acc = self.acc
             if k and self.renting(state, behind):
                 k = 0  # not a verdict on drafting: the probe schedule is left as it is
             elif k:
                 acc.plain_streak, acc.probe_after = 0, PROBE_FIRST
-                self.worth = self._worth(rate)
             else:
                 acc.plain_streak += 1
                 # probe, unless the drafter would first have to read more than a plain step
@@ -244,33 +214,6 @@ class DraftPlan:
                     acc.plain_streak = 0
                     acc.probe_after = min(PROBE_MAX, acc.probe_after * 2)
         return min(k, room(state))
-
-    def _worth(self, rate: float | None) -> float | None:
-        """Tokens one more drafter pass must add in expectation to keep up the step's ``rate``:
-        rate x (the pass + scoring the r candidates it makes)."""
-        c, r = self.costs, self.acc.ratio.value
-        target = c.target_curve()
-        if rate is None or self.free or target is None:
-            return None
-        return rate * (c.draft.value + target(1 + r) - target(1))
-
-    def stop_after(self, confidences: list[float]) -> bool:
-        """Whether the drafter stops after drafts with these confidences (its top probability
-        at each). Fixed: once one falls below ``confidence``. Adaptive: once the next pass is
-        expected to add fewer tokens than it costs at this step's rate. The chance that every
-        draft so far is kept is the product of their calibrated confidences
-        (`Acceptance.kept`, learned on this pair); the next adds r candidates if it is kept
-        too. Drafts beyond that are ignored: this stops a draft that has probably gone wrong
-        already, the step's k caps the rest."""
-        if confidences[-1] < self.confidence:
-            return True
-        if self.worth is None:
-            return False
-        acc = self.acc
-        reach = 1.0
-        for confidence in confidences:
-            reach *= acc.kept(confidence)
-        return acc.ratio.value * reach * acc.token_kept.value < self.worth
 
     def renting(self, state, behind: int) -> bool:
         """Whether to keep decoding plainly before the drafter reads a backlog (a prompt).

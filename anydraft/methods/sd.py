@@ -28,7 +28,7 @@ class SpeculativeSampling:
         drafts, qs = self.drafter.propose(
             self.plan.k(state),
             lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
-            self.plan.stop, self.pairing.target_table.eos_ids)
+            self.pairing.confidence, self.pairing.target_table.eos_ids)
         logits = state.score(drafts)
         if params.greedy:
             n, token = verify_exact(logits, drafts, params, state.generator)

@@ -30,7 +30,7 @@ class StringLevelExactMatch:
         dtable, ttable = pairing.drafter_table, pairing.target_table
         drafts, _ = self.drafter.propose(
             self.plan.k(state), params.probs, params.greedy, state.generator,
-            self.plan.stop, dtable.eos_ids)
+            pairing.confidence, dtable.eos_ids)
         ends = bool(drafts) and drafts[-1] in dtable.eos_ids
         with state.stats.timed("translate"):
             text = dtable.decode_bytes(drafts[:-1] if ends else drafts)

@@ -145,7 +145,7 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
             return super().step(state)
         pairing, params, gen = self.pairing, state.params, state.generator
         drafts, qs = self.drafter.propose(self.plan.k(state), params.probs, False, gen,
-                                          self.plan.stop, pairing.drafter_table.eos_ids)
+                                          pairing.confidence, pairing.drafter_table.eos_ids)
         with state.stats.timed("translate"):
             candidates = self._munch(drafts)[: room(state)]
         logits = state.score(candidates)

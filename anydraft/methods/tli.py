@@ -43,7 +43,7 @@ class TokenLevelIntersection:
         pairing, params = self.pairing, state.params
         drafts, qs = self.drafter.propose(
             self.plan.k(state), self._restricted(params), params.greedy,
-            state.generator, self.plan.stop, pairing.drafter_table.eos_ids)
+            state.generator, pairing.confidence, pairing.drafter_table.eos_ids)
         with state.stats.timed("translate"):
             to_target = self.map.drafter_to_target
             candidates = [int(to_target[d]) for d in drafts]

@@ -154,6 +154,7 @@ def test_json_mode_prints_results_and_no_progress(models, tmp_path, capsys):
     (["--categories", "nope"], "unknown category nope"),
     (["--baseline", "hf"], "--baseline hf needs a drafter"),
     (["--draft-confidence", "1"], "--draft-confidence must be in [0, 1)"),
+    (["--drafter-context", "-1"], "--drafter-context must be >= 0"),
     (["--target-backend", "cuda"],
      "unknown backend 'cuda' in --target-backend: choose from torch, llamacpp"),
     (["--target-backend", " , "], "--target-backend is empty: choose from torch, llamacpp"),
