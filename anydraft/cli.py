@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import AnydraftError
+from .methods.pairing import DRAFTER_CONTEXT
 
 
 def _progress(msg: str) -> None:
@@ -39,9 +40,9 @@ def add_draft_options(p: argparse.ArgumentParser) -> None:
                    help="always draft --num-draft-tokens (default: adaptive, from measured costs)")
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="stop drafting when the drafter's top probability falls below this")
-    p.add_argument("--drafter-context", type=int, default=0,
-                   help="the drafter reads only the prompt's last N tokens (cheaper on long "
-                        "prompts; 0: all of it)")
+    p.add_argument("--drafter-context", type=int, default=DRAFTER_CONTEXT,
+                   help=f"the drafter reads only the prompt's last N tokens (default "
+                        f"{DRAFTER_CONTEXT}: cheaper on long prompts; 0: all of it)")
 
 
 def add_backend_options(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from . import methods
 from .bridge import token_table
 from .decoding import DecodeState, Finish, Stats, TextAssembler, decode
 from .errors import AnydraftError
+from .methods.pairing import DRAFTER_CONTEXT
 from .models.backends import LoadedModel, check_backend, load
 from .models.loading import parse_dtype
 from .sampling import SamplingParams
@@ -50,7 +51,7 @@ class Decoder:
         num_draft_tokens: int = 5,
         draft_confidence: float = 0.0,
         adaptive: bool = True,
-        drafter_context: int = 0,
+        drafter_context: int = DRAFTER_CONTEXT,
         progress=None,
         backend: str = "torch",
         drafter_backend: str | None = None,

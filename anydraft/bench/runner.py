@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..errors import AnydraftError
+from ..methods.pairing import DRAFTER_CONTEXT
 from ..models.backends import BACKENDS
 from .bound import cost_ratio, per_token_acceptance, speedup_bound
 
@@ -38,7 +39,7 @@ class BenchSettings:
     num_draft_tokens: int = 5  # k, or the largest k when adaptive
     adaptive: bool = True
     draft_confidence: float = 0.0
-    drafter_context: int = 0  # prompt tokens the drafter reads (0: all)
+    drafter_context: int = DRAFTER_CONTEXT  # prompt tokens the drafter reads (0: all)
     repeats: int = 1
     warmup: bool = True
     chat: str = "auto"  # auto | yes | no

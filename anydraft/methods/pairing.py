@@ -13,6 +13,10 @@ from .drafter import Drafter
 from .policy import Acceptance, Costs, DraftPlan
 
 TRIAL_STEPS = 24  # drafting steps of each candidate method before `fastest` compares them
+# prompt tokens the drafter reads by default: on long prompts (summaries, RAG) llama.cpp's slow
+# prompt reading kept the drafter idle; with 64 auto measured 1.31x vs 1.23x (t=0) and 1.21x vs
+# 1.13x (t=1) over AR there, and no loss on short prompts (benchmarks/results/2026-11-30-context*)
+DRAFTER_CONTEXT = 64
 
 
 @dataclass
@@ -26,7 +30,7 @@ class Pairing:
     num_draft_tokens: int = 5  # k, or the largest k adaptive drafting may choose
     confidence: float = 0.0
     adaptive: bool = False
-    drafter_context: int = 0  # prompt tokens (the drafter's) the drafter reads; 0: all of them
+    drafter_context: int = DRAFTER_CONTEXT  # prompt tokens (the drafter's) it reads; 0: all
     costs: Costs = field(default_factory=Costs)
     acceptance: dict = field(default_factory=dict)  # (method, greedy) -> Acceptance
 
