@@ -136,7 +136,6 @@ def test_adaptive_plan_learns_costs_and_acceptance():
 class FakeDrafter:
     def __init__(self, ids, read):
         self.ids, self.session, self.caught_up = list(range(ids)), list(range(read)), 0
-        self.kept = None
 
 
 def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
@@ -212,7 +211,7 @@ def test_stopping_on_the_drafters_confidence_keeps_the_distribution_exact(toys, 
             pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
             new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0),
             confidence=0.5)  # the sd toy drafter is less sure
-    short = []  # drafts cut below k = 2 (the context window never cuts them here)
+    short = []  # whether each draft stopped before k (below the threshold, or at EOS)
     propose = Drafter.propose
 
     def spy(self, k, *args, **kwargs):
