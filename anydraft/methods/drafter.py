@@ -20,12 +20,14 @@ from ..sampling import sample
 
 
 class Drafter:
-    def __init__(self, session: Session, table, ids: list[int], stats, target_table=None):
+    def __init__(self, session: Session, table, ids: list[int], stats, target_table=None,
+                 head: int = 0, context: int = 0):
         self.session = session
         self.table = table  # drafter TokenTable
         self.target_table = target_table  # None: the drafter reads the target's own ids
         self.ids = ids  # committed text in drafter tokens
         self.stats = stats
+        self.head, self.context = head, context  # context 0: read every backlog whole
         self.drafts: list[int] = []  # drafted after `ids` at the last step
         self.caught_up = 0  # tokens of the committed text the last `propose` had to feed first
 
@@ -46,6 +48,9 @@ class Drafter:
         with self.stats.timed("draft"):
             if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
+            if k and self.context and len(self.ids) - max(len(self.session), self.head) > self.context:
+                self.session.rollback(min(self.head, len(self.session)))
+                self.ids = self.ids[:self.head] + self.ids[-self.context:]
             feed = self.ids[len(self.session):]
             self.caught_up = len(feed) if k else 0
             for _ in range(k):
@@ -64,6 +69,12 @@ class Drafter:
                 feed = [token]
         self.drafts = tokens
         return tokens, dists
+
+    @property
+    def behind(self) -> int:
+        """Committed tokens the next draft reads first (capped by the context window)."""
+        behind = len(self.ids) - len(self.session)
+        return min(behind, self.head + self.context) if self.context else behind
 
     def sync_ids(self, n_keep: int, new_ids: list[int]) -> None:
         """Same vocabulary: the first ``n_keep`` drafts were committed, then ``new_ids``."""

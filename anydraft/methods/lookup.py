@@ -81,10 +81,19 @@ class PromptLookup:
         return new, accepted
 
     def _copy_wins(self, state, n: int) -> bool:
-        """A match, and more expected tokens per second from it than from the drafter."""
+        """A match, and more expected tokens per second from it than from the drafter. A step
+        the drafter sits out for a copy while its own best is a plain step counts towards its
+        next probe (`DraftPlan.probe_due`), and a due probe runs the drafter instead."""
         if not n:
             return False
         inner = self.inner.plan
-        _, drafter_rate = inner.best(state.budget, inner.behind())
+        behind = inner.behind()
+        k, drafter_rate = inner.best(state.budget, behind)
         _, copy_rate = self.plan.best(state.budget)
-        return None not in (drafter_rate, copy_rate) and copy_rate > drafter_rate
+        if None in (drafter_rate, copy_rate) or copy_rate <= drafter_rate:
+            return False
+        if not k:
+            if inner.probe_due(behind):
+                return False
+            inner.acc.idle += 1
+        return True

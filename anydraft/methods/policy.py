@@ -23,12 +23,14 @@ one-off cost is spread over the tokens still wanted, so a long prompt with a sho
 decoded plainly when reading it would cost the drafter more than it can win; and since an
 answer may stop early, the reading waits until the answer's plain tokens would have cost as
 much (ski rental: `DraftPlan.renting`). When no k beats the plain step, the method runs plain
-steps and probes again with a full draft after 16, 32, 64, ... plain steps (the probe refreshes
-the a_i; backing off keeps its cost negligible when speculation cannot win). While the drafter
-does not run, its estimates fade (keep their value, lose weight), so a probe after a transient
-slowdown (another job on the cores) replaces the stale numbers instead of being averaged away
-by them. The estimates live in the `Pairing`, so a pair's next request starts from what the
-last one learned.
+steps (or copies, with prompt lookup) and probes with a full draft once the steps without the
+drafter have cost enough that the probe, were none of its drafts kept, would waste at most
+PROBE_SHARE of their time (`DraftPlan.probe_due`): a pair that cannot win loses at most that
+share, and one that only looked bad (a few unlucky samples, a transient slowdown) gets its
+estimates refreshed within a request or two. While the drafter does not run, its estimates
+fade (keep their value, lose weight), so a probe after a transient slowdown (another job on the
+cores) replaces the stale numbers instead of being averaged away by them. The estimates live in
+the `Pairing`, so a pair's next request starts from what the last one learned.
 
 The draft length never changes what is sampled, only how fast (every method is lossless for
 any k), but with adaptive drafting a seeded sample depends on timing: use a fixed draft length
@@ -42,7 +44,10 @@ from dataclasses import dataclass, field
 
 FORGET = 0.9  # weight kept by older steps per new observation
 FADE = 0.95  # weight kept by the drafter's estimates per step that does not run it
-PROBE_FIRST, PROBE_MAX = 16, 256
+# what a probe may waste, as a share of the time of the steps without the drafter before it:
+# a doubling back-off (16, 32, ... 256 plain steps, blocked while the drafter was behind by more
+# than a plain step's reading) kept a good pair's drafter off for whole requests
+PROBE_SHARE = 0.02
 
 
 class _Mean:
@@ -104,9 +109,9 @@ class Acceptance:
         self.ratio = _Mean(1.0, 1.0)
         self.overhead = _Mean(0.0)
         self.steps = 0  # drafting steps seen
-        # plain steps since drafting last won, and after how many to probe (kept across
-        # requests: a pair that cannot win is probed ever more rarely, not once per request)
-        self.plain_streak, self.probe_after = 0, PROBE_FIRST
+        # steps without the drafter since it last drafted (kept across requests, so a pair
+        # that cannot win is probed at the same low rate whatever its requests' lengths)
+        self.idle = 0
 
     def a(self, i: int) -> float:
         """a_i for i = 1, 2, ...; past the longest draft seen, the last position's."""
@@ -176,8 +181,8 @@ class DraftPlan:
         return best_k, best_rate
 
     def behind(self) -> int:
-        """Committed tokens the drafter has yet to read."""
-        return 0 if self.drafter is None else len(self.drafter.ids) - len(self.drafter.session)
+        """Committed tokens the drafter reads before it can draft again."""
+        return 0 if self.drafter is None else self.drafter.behind
 
     def catch_up_seconds(self, behind: int) -> float:
         """What reading ``behind`` tokens costs the drafter (before it can draft again)."""
@@ -199,21 +204,26 @@ class DraftPlan:
         else:
             behind = self.behind()
             k = self.best(state.budget, behind)[0]
-            acc = self.acc
             if k and self.renting(state, behind):
-                k = 0  # not a verdict on drafting: the probe schedule is left as it is
-            elif k:
-                acc.plain_streak, acc.probe_after = 0, PROBE_FIRST
+                k = 0  # not a verdict on drafting: no probe is owed for these steps
+            elif k or self.probe_due(behind):
+                k = k or self.max_k
+                self.acc.idle = 0
             else:
-                acc.plain_streak += 1
-                # probe, unless the drafter would first have to read more than a plain step
-                # costs (a long prompt it never read): then this request stays plain
-                if (acc.plain_streak >= acc.probe_after
-                        and self.catch_up_seconds(behind) <= self.costs.target_seconds(1)):
-                    k = self.max_k
-                    acc.plain_streak = 0
-                    acc.probe_after = min(PROBE_MAX, acc.probe_after * 2)
+                self.acc.idle += 1
         return min(k, room(state))
+
+    def probe_due(self, behind: int) -> bool:
+        """Whether the steps without the drafter so far (each worth a plain step) have earned a
+        probe: a full draft, after reading ``behind`` tokens, that would waste at most
+        PROBE_SHARE of their time were none of its drafts kept."""
+        c, k = self.costs, self.max_k
+        plain, d = c.target_seconds(1), (0.0 if self.free else c.draft.value)
+        if not self.acc.idle or plain is None or d is None:
+            return False
+        waste = (self.catch_up_seconds(behind) + k * d
+                 + c.target_seconds(1 + self.acc.ratio.value * k) - plain)
+        return self.acc.idle * plain * PROBE_SHARE >= waste
 
     def renting(self, state, behind: int) -> bool:
         """Whether to keep decoding plainly before the drafter reads a backlog (a prompt).

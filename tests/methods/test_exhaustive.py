@@ -94,6 +94,45 @@ def test_a_drafter_reading_only_the_prompts_end_is_exact(toys, method, settings)
     assert_same_distribution(got, want)
 
 
+def test_a_drafter_behind_by_more_than_its_context_reads_only_the_end():
+    """After plain steps the drafter's backlog is cut to its last ``context`` tokens after the
+    head (BOS); its cache restarts there. A short backlog is read whole, as before."""
+    import torch
+
+    from anydraft.decoding.stats import Stats
+    from anydraft.methods.drafter import Drafter
+
+    class Recorder:
+        max_length, vocab_size = 100, 4
+
+        def __init__(self):
+            self.cache, self.fed = [], []
+
+        def __len__(self):
+            return len(self.cache)
+
+        def feed(self, ids, rows=None):
+            self.cache += ids
+            self.fed.append(list(ids))
+            return torch.zeros(len(ids), 4)
+
+        def rollback(self, n):
+            del self.cache[n:]
+
+    session = Recorder()
+    drafter = Drafter(session, None, [9, 1, 2, 3], Stats(), head=1, context=2)
+    assert drafter.behind == 3  # BOS + the last 2
+    drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
+    assert session.fed[0] == [9, 2, 3]
+    drafter.sync_ids(1, [0])  # a short backlog after the draft was kept
+    drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
+    assert session.fed[-1] == [1, 0] and session.cache == [9, 2, 3, 1, 0]
+    drafter.sync_ids(0, [3, 3, 2, 2, 1])  # plain steps committed 5 tokens it did not draft
+    assert drafter.behind == 3
+    drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
+    assert session.fed[-1] == [2, 1] and session.cache == [9, 2, 1] and drafter.ids == [9, 2, 1]
+
+
 def test_a_wrong_verifier_is_caught(toys):
     """The harness must be able to fail: accepting every draft gives the drafter's law."""
     import anydraft.methods.tli as tli

@@ -7,7 +7,7 @@ import pytest
 
 from anydraft.methods import StringLevelExactMatch, TokenLevelIntersection
 from anydraft.methods.lookup import MAX_NGRAM, MIN_NGRAM, NgramIndex, PromptLookup
-from anydraft.methods.policy import Acceptance, Costs, DraftPlan, _Mean
+from anydraft.methods.policy import PROBE_SHARE, Acceptance, Costs, DraftPlan, _Mean
 from tests.methods.test_exhaustive import SETTINGS, assert_same_distribution, max_new
 from tests.methods.toys import Toys, params
 
@@ -54,6 +54,31 @@ def test_free_drafts_pay_on_a_flat_target_curve_and_not_on_a_steep_one():
     assert plan({1: 0.03, 6: 0.18}, 0.3).best()[0] == 0  # llama.cpp: n tokens cost n steps
     k, rate = plan({1: 0.1, 6: 0.11}, 0.8).best()
     assert (k, rate) == (5, pytest.approx((1 + sum(0.8 ** i for i in range(1, 6))) / 0.11))
+
+
+def test_copies_beating_an_idle_drafter_still_let_it_probe():
+    """A drafter whose estimates say "plain step" loses every step to copies that beat a plain
+    step; those steps count towards its probes, or it would never run again (a floor rerun lost
+    its drafter for three whole requests that way)."""
+    import types
+
+    from tests.methods.test_policy import FakeState
+
+    c = Costs()
+    c.target = {1: _Mean(0.2), 6: _Mean(0.21)}
+    c.draft = _Mean(0.02)
+    drafter_acc, copy_acc = Acceptance(), Acceptance()
+    drafter_acc.positions, copy_acc.positions = [_Mean(0.0)], [_Mean(0.3)]
+    inner = types.SimpleNamespace(name="sd", plan=DraftPlan(5, True, c, drafter_acc))
+    inner.plan.steps = 2
+    lookup = PromptLookup(c, {}, 5, True, inner)
+    lookup.plan = DraftPlan(5, True, c, copy_acc, free=True)
+    state = FakeState()
+    steps = ["copy" if lookup._copy_wins(state, 2) else inner.plan.k(state) for _ in range(60)]
+    waste = 5 * 0.02 + 0.21 - 0.2  # a full draft none of which is kept
+    first = waste / (0.2 * PROBE_SHARE)  # 27.5 copy steps earn it
+    assert [(i, k) for i, k in enumerate(steps) if k != "copy"] == [(28, 5), (57, 5)]
+    assert first < 28
 
 
 # -- exactness by enumeration ---------------------------------------------------------------

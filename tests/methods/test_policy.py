@@ -9,7 +9,7 @@ from anydraft.methods import (
     StringLevelRejectionSampling,
     TokenLevelIntersection,
 )
-from anydraft.methods.policy import Acceptance, Costs, DraftPlan, _Mean, room
+from anydraft.methods.policy import PROBE_SHARE, Acceptance, Costs, DraftPlan, _Mean, room
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import Toys, params
 
@@ -95,19 +95,23 @@ class FakeState:
         self.target = type("T", (), {"max_length": 1000, "rollback": lambda self, n: None})()
 
 
-def test_plain_steps_probe_with_backoff_across_requests():
-    """When speculation loses, drafting resumes only as probes, ever rarer, and a new request
-    of the same pair does not start the schedule over."""
-    c, acc = costs({1: 0.2, 6: 0.25}, 0.2), acceptance(0.3)
+def test_probes_waste_at_most_a_share_of_the_plain_time_across_requests():
+    """When speculation loses, drafting resumes only as probes, each once the plain steps before
+    it have cost enough that the probe wastes at most PROBE_SHARE of their time; the count
+    carries over to the pair's next request."""
+    c, acc = costs({1: 0.2, 6: 0.25}, 0.05), acceptance(0.1)
     state = FakeState()
     ks = []
     for request in range(2):
         plan = DraftPlan(5, True, c, acc)
         plan.steps = 2  # past the measuring steps
-        ks += [plan.k(state) for _ in range(30 if request == 0 else 90)]
+        ks += [plan.k(state) for _ in range(60 if request == 0 else 120)]
     probes = [i for i, k in enumerate(ks) if k]
-    # a per-request schedule would probe at 30 + 15 = 45
-    assert probes == [15, 47, 47 + 64] and all(ks[i] == 5 for i in probes)
+    waste = 5 * 0.05 + 0.25 - 0.2  # were none of its drafts kept
+    first = probes[0]  # 75 plain steps (give or take rounding)
+    assert abs(first - waste / (0.2 * PROBE_SHARE)) <= 1 and first > 60  # in the second request
+    assert probes == [first, 2 * first + 1] and all(ks[i] == 5 for i in probes)
+    assert plan.best()[0] == 0  # nothing learned here: the probes are the schedule's own
 
 
 def test_fixed_plan_always_drafts_k():
@@ -134,8 +138,8 @@ def test_adaptive_plan_learns_costs_and_acceptance():
 
 
 class FakeDrafter:
-    def __init__(self, ids, read):
-        self.ids, self.session, self.caught_up = list(range(ids)), list(range(read)), 0
+    def __init__(self, behind):
+        self.behind, self.caught_up = behind, 0
 
 
 def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
@@ -149,13 +153,13 @@ def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
     # through k(): the drafter's own backlog counts
     state = FakeState()
     state.budget = 20
-    plan.drafter, plan.steps = FakeDrafter(1000, 0), 2
+    plan.drafter, plan.steps = FakeDrafter(behind=1000), 2
     assert plan.k(state) == 0
 
 
 def test_catch_up_cost_is_learned_from_the_first_pass():
     c = costs({1: 0.09, 6: 0.1}, 0.01)
-    plan = DraftPlan(4, True, c, acceptance(0.7), FakeDrafter(10, 10))
+    plan = DraftPlan(4, True, c, acceptance(0.7), FakeDrafter(behind=0))
     state = FakeState()
     plan.k(state)
     plan.drafter.caught_up = 100  # the first of 4 passes read 100 tokens
@@ -172,9 +176,11 @@ def toys():
     return Toys()
 
 
+@pytest.mark.parametrize("context", [64, 1], ids=lambda n: f"drafter_context={n}")
 @pytest.mark.parametrize("method", ["slem", "tli", "slrs", "sd"])
-def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, monkeypatch):
-    """k = 0, 1, 2 by position (a plain step included) through the real loop, enumerated."""
+def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, context, monkeypatch):
+    """k = 0, 1, 2 by position (a plain step included) through the real loop, enumerated; with
+    a 1-token drafter context the backlog a plain step leaves is cut to its last token."""
     import dataclasses
 
     from tests.methods.toys import TARGET_VOCAB, ToySession
@@ -182,7 +188,7 @@ def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, monkeyp
     monkeypatch.setattr(DraftPlan, "k", lambda self, state: min(len(state.committed) % 3, room(state)))
     p = params(temperature=0.8, top_k=4)
     want = toys.exact_target_distribution(PROMPT, p, 3)
-    pairing = toys.pairing(num_draft_tokens=2)
+    pairing = dataclasses.replace(toys.pairing(num_draft_tokens=2), drafter_context=context)
     if method == "sd":
         pairing = dataclasses.replace(
             pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
@@ -230,12 +236,16 @@ def test_stopping_on_the_drafters_confidence_keeps_the_distribution_exact(toys, 
     assert True in short  # the threshold stopped some drafts
 
 
-def test_no_probe_when_the_drafter_would_first_read_a_long_prompt():
-    c, acc = costs({1: 0.2, 6: 0.25}, 0.2), acceptance(0.3)
+def test_a_backlog_to_read_makes_probes_rarer():
+    """A probe that must first read 100 tokens at 2 ms (0.2 s) waits for that much more plain
+    time: 0.5 s of waste at 0.004 s of allowance per plain step."""
+    c, acc = costs({1: 0.2, 6: 0.25}, 0.05), acceptance(0.1)
     c.catch_up = _Mean(0.002)
-    plan = DraftPlan(5, True, c, acc, FakeDrafter(2000, 0))  # 4 s of reading vs a 0.2 s step
+    plan = DraftPlan(5, True, c, acc, FakeDrafter(behind=100))
     plan.steps = 2
-    assert not any(plan.k(FakeState()) for _ in range(100))
+    ks = [plan.k(FakeState()) for _ in range(150)]
+    probes = [i for i, k in enumerate(ks) if k]
+    assert len(probes) == 1 and abs(probes[0] - 125) <= 1
 
 
 def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
@@ -265,7 +275,7 @@ def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
     never pays; renting does not count as drafting losing (no probe back-off)."""
     c = costs({1: 0.09, 6: 0.1}, 0.01)
     c.catch_up = _Mean(0.002)
-    plan = DraftPlan(5, True, c, acceptance(0.7), FakeDrafter(1000, 0))
+    plan = DraftPlan(5, True, c, acceptance(0.7), FakeDrafter(behind=1000))
     plan.steps = 2
     state = FakeState()
     state.budget = 2000
@@ -275,4 +285,4 @@ def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
         state.stats.new_tokens = generated
         ks.append(plan.k(state))
     assert ks[:23] == [0] * 23 and all(k > 0 for k in ks[23:])
-    assert plan.acc.plain_streak == 0
+    assert plan.acc.idle == 0
