@@ -29,34 +29,24 @@ def speedup_bound(a: float, k: int, c: float) -> float:
     return expected_tokens_per_round(a, k) / (k * c + 1.0)
 
 
-def accepted_fraction(a: float, k: int) -> float:
-    """Expected accepted / drafted when every round drafts k tokens and stops at the first
-    rejection: a (1 - a^k) / (k (1 - a)). Increasing in a, 0 at a = 0, 1 at a = 1."""
-    _check(a, k)
-    if a == 1.0:
-        return 1.0
-    return a * (1.0 - a**k) / (k * (1.0 - a))
+def best_bound(a: float, k: int, c: float) -> float:
+    """max over j = 1..k of S(a, j, c): the speedup of the best fixed draft length up to k,
+    with no overhead. The reference for adaptive drafting, which picks its draft length (at
+    most k) per step; for a fixed k it is S(a, k, c) unless a shorter draft would do better."""
+    return max(speedup_bound(a, j, c) for j in range(1, k + 1))
 
 
-def per_token_acceptance(rate: float, k: int, tol: float = 1e-10) -> float:
-    """The per-token acceptance a of the bound, from a measured ``rate`` = accepted / drafted.
+def per_token_acceptance(accepted: int, rejected: int) -> float | None:
+    """The per-token acceptance a of the bound, measured: accepted / (accepted + rejected),
+    where ``rejected`` counts the rounds that ended at a rejected candidate.
 
-    The measured rate is not a: tokens drafted after a rejection count as drafted but can never
-    be accepted. Under the model of section 0 (k drafts per round, independent acceptance)
-    rate = a (1 - a^k) / (k (1 - a)); this inverts that (bisection; exact for k = 1).
-    """
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"acceptance rate must be in [0, 1], got {rate}")
-    if rate in (0.0, 1.0) or k == 1:
-        return float(rate)
-    lo, hi = 0.0, 1.0
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        if accepted_fraction(mid, k) < rate:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    Under the model of section 0 a round's candidates are judged in order, each accepted with
+    chance a, until one is rejected; those after it are never judged. Every judged candidate is
+    one trial, so this is the maximum-likelihood a whatever each round's length (adaptive
+    drafting varies it; a round whose drafts were all accepted adds no rejection). None when
+    no candidate was judged."""
+    judged = accepted + rejected
+    return accepted / judged if judged else None
 
 
 def cost_ratio(draft_seconds: float, drafter_calls: int,

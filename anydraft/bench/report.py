@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from .bound import per_token_acceptance, speedup_bound
+from .bound import best_bound, per_token_acceptance
 from .runner import backend_sides, label, median
 
 # speedup_vs_ar, decode_speedup_vs_ar (after the target's first call, which takes prefill_seconds),
@@ -98,7 +98,7 @@ def aggregate(rows: list[dict], k: int) -> dict:
     accepted = sum(r["accepted"] or 0 for r in rows)
     calls = sum(r["target_calls"] or 0 for r in rows)
     rate = accepted / drafted if drafted else None
-    a = per_token_acceptance(rate, k) if rate is not None else None
+    a = per_token_acceptance(accepted, sum(r["rejected"] or 0 for r in rows)) if drafted else None
     c = median(r["cost_ratio"] for r in rows)
     identical = [r["identical_to_ar"] for r in rows if r["identical_to_ar"] is not None]
     return {
@@ -113,7 +113,7 @@ def aggregate(rows: list[dict], k: int) -> dict:
         "acceptance": rate, "a": a,
         "mean_accepted": sum(r["new_tokens"] for r in rows) / calls if calls else None,
         "c": c,
-        "bound": speedup_bound(a, k, c) if a is not None and c is not None else None,
+        "bound": best_bound(a, k, c) if a is not None and c is not None else None,
     }
 
 
@@ -220,11 +220,9 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         "the drafter's (shown for a side that does not run on torch only).",
     ] * bool(backends) + [
         "- acceptance: accepted / drafted draft tokens, pooled over the group's prompts. "
-        "a (per token): the per-token acceptance probability that gives this rate when each "
-        f"round drafts k = {k} tokens and stops at the first rejection: "
-        "rate = a (1 - a^k) / (k (1 - a))."
-        + (" With adaptive drafting a round drafts at most k (or no) tokens, so a and the bound "
-           "use k as if every round drafted k: read them as an estimate." if s["adaptive"] else ""),
+        "a (per token): accepted / (accepted + rejections), a rejection being a round that "
+        "ended at a rejected candidate: the chance of each judged candidate being kept (those "
+        "after a rejection are never judged), whatever the rounds' lengths.",
         "- tokens / target call: new tokens / target forward passes (1.00 for AR).",
         "- c: (draft seconds / drafter forward calls) / (AR target seconds / AR target calls on "
         "the same prompt and target backend, both without AR's first call, the prompt read); "
@@ -233,12 +231,14 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         "- decode speedup: like speedup vs AR, but after the target's first call (the prompt "
         "read, the same work for both): AR's seconds per token after it / the method's. This "
         "is what the bound models; on long prompts the end-to-end speedup is lower.",
-        "- bound S(a,k,c) = (1 - a^(k+1)) / ((1 - a)(k c + 1)), the analytic speedup of "
-        "speculative decoding (ALGORITHMS.md section 0). It ignores that verifying k+1 tokens "
-        "costs more than one plain step and all translation/sync overhead, so decode / bound "
-        "is normally below 1. It also assumes every token is accepted with the same chance a: "
-        "copies (lookup, and auto's copy steps) are rather all right or all wrong, so their "
-        "bound is only indicative.",
+        f"- bound S(a,k,c): the best over draft lengths j = 1..{k} of S(a,j,c) = "
+        "(1 - a^(j+1)) / ((1 - a)(j c + 1)), the analytic speedup of speculative decoding "
+        "(ALGORITHMS.md section 0) with the best fixed draft length. It ignores that verifying "
+        "j+1 tokens costs more than one plain step and all translation/sync overhead, so "
+        "decode / bound is normally below 1; above 1, the policy gained from acceptance that "
+        "varies (drafting more where it is high), which the model's one a cannot show. It also "
+        "assumes every token is accepted with the same chance a: copies (lookup, and auto's "
+        "copy steps) are rather all right or all wrong, so their bound is only indicative.",
         "",
     ]
     path = out_dir / "summary.md"

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import AnydraftError
 from ..methods.pairing import DRAFTER_CONTEXT
 from ..models.backends import BACKENDS
-from .bound import cost_ratio, per_token_acceptance, speedup_bound
+from .bound import best_bound, cost_ratio, per_token_acceptance
 
 
 @dataclass
@@ -332,25 +332,26 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "speedup_vs_torch_ar": _speedup(s, ars["torch"]["stats"]) if "torch" in ars else None,
             "speedup_vs_hf": _speedup(s, hf_stats[name]) if name in hf_stats else None,
             "acceptance": None, "acceptance_per_token": None, "mean_accepted": None,
-            "drafted": None, "accepted": None, "target_calls": None, "drafter_calls": None,
+            "drafted": None, "accepted": None, "rejected": None, "target_calls": None,
+            "drafter_calls": None,
             "draft_seconds": None, "target_seconds": None, "translate_seconds": None,
             "cost_ratio": None, "bound": None, "num_draft_tokens": None if method == "ar" else k,
             "identical_to_ar": identical, "mismatch_at": None, "mismatch_margin": None,
             "finish_reason": res["finish_reason"], "text": res["text"],
         }
         if method != "hf":
-            for stat in ("drafted", "accepted", "target_calls", "drafter_calls", "mean_accepted",
-                           "draft_seconds", "target_seconds", "translate_seconds"):
+            for stat in ("drafted", "accepted", "rejected", "target_calls", "drafter_calls",
+                         "mean_accepted", "draft_seconds", "target_seconds", "translate_seconds"):
                 row[stat] = s[stat]
             row["acceptance"] = s["acceptance_rate"] if s["drafted"] else None
         if method not in ("ar", "hf") and s["drafted"]:
-            a = per_token_acceptance(s["acceptance_rate"], k)
+            a = per_token_acceptance(s["accepted"], s["rejected"])
             c = 0.0 if not s["drafter_calls"] else cost_ratio(  # copies cost no drafter pass
                 s["draft_seconds"], s["drafter_calls"],
                 ar_s["target_seconds"] - ar_s["prefill_seconds"], ar_s["target_calls"] - 1)
             row["acceptance_per_token"] = a
             row["cost_ratio"] = c
-            row["bound"] = None if c is None else speedup_bound(a, k, c)
+            row["bound"] = None if c is None or a is None else best_bound(a, k, c)
         if identical is False:
             where = ""
             if diverge is not None:

@@ -242,6 +242,7 @@ class DraftPlan:
         state.target.rollback(len(state.committed) + n)
         s = state.stats
         s.drafted += len(candidates)
+        s.rejected += n < len(candidates)
         self.steps += 1
         if not self.adaptive:
             return

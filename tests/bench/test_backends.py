@@ -37,7 +37,8 @@ def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, torch_ar_tps=
         "speedup_vs_torch_ar": tps / torch_ar_tps,
         "speedup_vs_hf": None, "acceptance": 0.5 if drafting else None,
         "acceptance_per_token": 0.7 if drafting else None, "mean_accepted": 2.0 if drafting else 1.0,
-        "drafted": 10 if drafting else 0, "accepted": 5 if drafting else 0, "target_calls": 5,
+        "drafted": 10 if drafting else 0, "accepted": 5 if drafting else 0,
+        "rejected": 3 if drafting else 0, "target_calls": 5,
         "cost_ratio": 0.3 if drafting else None, "bound": 1.5 if drafting else None,
         "identical_to_ar": True,
     }

@@ -3,7 +3,7 @@
 import pytest
 
 from anydraft.bench.bound import (
-    accepted_fraction,
+    best_bound,
     cost_ratio,
     expected_tokens_per_round,
     per_token_acceptance,
@@ -41,16 +41,35 @@ def test_bound_rejects_bad_inputs(bad):
         speedup_bound(**bad)
 
 
-def test_per_token_acceptance_inverts_the_accepted_fraction():
-    # a = 0.5, k = 2: rounds accept 0, 1 or 2 tokens with prob 0.5, 0.25, 0.25 -> 0.75 of 2
-    assert accepted_fraction(0.5, 2) == pytest.approx(0.375)
-    assert per_token_acceptance(0.375, 2) == pytest.approx(0.5, abs=1e-8)
-    for a in (0.05, 0.3, 0.77, 0.99):
-        for k in (1, 3, 8):
-            assert per_token_acceptance(accepted_fraction(a, k), k) == pytest.approx(a, abs=1e-7)
-    assert per_token_acceptance(0.0, 5) == 0.0
-    assert per_token_acceptance(1.0, 5) == 1.0
-    assert per_token_acceptance(0.4, 1) == 0.4
+def test_per_token_acceptance_counts_every_judged_candidate_once():
+    # rounds of any length: 3 accepted then rejected (4 judged), 2 accepted (all kept), 0
+    # accepted (1 judged): 5 kept of 7 judged; the drafts after a rejection are never judged
+    assert per_token_acceptance(3 + 2 + 0, 2) == pytest.approx(5 / 7)
+    assert per_token_acceptance(6, 0) == 1.0 and per_token_acceptance(0, 4) == 0.0
+    assert per_token_acceptance(0, 0) is None
+
+
+def test_per_token_acceptance_recovers_a_from_simulated_rounds_of_varying_length():
+    """The estimate must not depend on how long the rounds were (adaptive drafting)."""
+    import random
+
+    rng = random.Random(0)
+    for a in (0.3, 0.8):
+        accepted = rejected = 0
+        for _ in range(20000):
+            for _ in range(rng.randint(1, 6)):  # each round drafts 1..6
+                if rng.random() >= a:
+                    rejected += 1
+                    break
+                accepted += 1
+        assert per_token_acceptance(accepted, rejected) == pytest.approx(a, abs=0.01)
+
+
+def test_best_bound_takes_the_best_draft_length():
+    # a cheap drafter and high acceptance: the longest draft; a dear one: a short draft
+    assert best_bound(0.9, 5, 0.01) == pytest.approx(speedup_bound(0.9, 5, 0.01))
+    assert best_bound(0.5, 5, 0.3) == pytest.approx(speedup_bound(0.5, 1, 0.3))
+    assert best_bound(0.5, 5, 0.3) > speedup_bound(0.5, 5, 0.3)
 
 
 def test_cost_ratio_definition():
