@@ -41,8 +41,6 @@ class Drafter:
         Drafting stops early after a token in ``stop_ids`` (EOS), or before a position where
         the drafter's own top probability (softmax of its raw logits) is below ``confidence``.
         """
-        room = self.session.max_length - len(self.ids) - 1
-        k = min(k, room)
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         with self.stats.timed("draft"):
@@ -51,6 +49,7 @@ class Drafter:
             if k and self.context and len(self.ids) - max(len(self.session), self.head) > self.context:
                 self.session.rollback(min(self.head, len(self.session)))
                 self.ids = self.ids[:self.head] + self.ids[-self.context:]
+            k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
             feed = self.ids[len(self.session):]
             self.caught_up = len(feed) if k else 0
             for _ in range(k):

@@ -59,9 +59,9 @@ class Pairing:
         """A drafter session reading the prompt: the same ids, or the prompt's text re-encoded.
 
         With ``drafter_context`` > 0 it reads only the prompt's last ``drafter_context`` tokens
-        (after its BOS, if any), and later backlogs likewise: a long prompt costs the drafter
-        less to read (llama.cpp reads ~3 ms a token here) for a slightly worse-informed draft.
-        Lossless like any proposal."""
+        (after its BOS, if any), and later backlogs likewise (`Drafter.propose`): a long prompt
+        costs the drafter less to read (llama.cpp reads ~3 ms a token here) for a slightly
+        worse-informed draft. Lossless like any proposal."""
         prompt = list(state.committed)
         bos = self.target_table.bos_id
         head = prompt[:1] if prompt and prompt[0] == bos else []
@@ -69,8 +69,6 @@ class Pairing:
         if not same_ids:
             text = self.target_table.decode_bytes(body).decode("utf-8", errors="replace")
             head, body = list(self.drafter_bos), self.drafter_table.encode(text)
-        if 0 < self.drafter_context < len(body):
-            body = body[-self.drafter_context:]
         return Drafter(self.new_drafter_session(), self.drafter_table, head + body, state.stats,
                        None if same_ids else self.target_table, len(head), self.drafter_context)
 
