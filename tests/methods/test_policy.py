@@ -272,7 +272,7 @@ def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
 def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
     """Ski rental: 1000 tokens to read at 2 ms (2 s) against 0.09 s plain steps. Worth it for
     2000 tokens wanted, but only read after 23 plain tokens, so an answer that stops at 10
-    never pays; renting does not count as drafting losing (no probe back-off)."""
+    never pays; renting does not count as drafting losing (no probe is owed for it)."""
     c = costs({1: 0.09, 6: 0.1}, 0.01)
     c.catch_up = _Mean(0.002)
     plan = DraftPlan(5, True, c, acceptance(0.7), FakeDrafter(behind=1000))
