@@ -219,11 +219,11 @@ class DraftPlan:
         probe: a full draft, after reading ``behind`` tokens, that would waste at most
         PROBE_SHARE of their time were none of its drafts kept."""
         c, k = self.costs, self.max_k
-        plain, d = c.target_seconds(1), (0.0 if self.free else c.draft.value)
-        if not self.acc.idle or plain is None or d is None:
+        target, d = c.target_curve(), (0.0 if self.free else c.draft.value)
+        if not self.acc.idle or target is None or d is None:
             return False
-        waste = (self.catch_up_seconds(behind) + k * d
-                 + c.target_seconds(1 + self.acc.ratio.value * k) - plain)
+        plain = target(1)
+        waste = self.catch_up_seconds(behind) + k * d + target(1 + self.acc.ratio.value * k) - plain
         return self.acc.idle * plain * PROBE_SHARE >= waste
 
     def renting(self, state, behind: int) -> bool:
