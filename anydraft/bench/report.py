@@ -98,7 +98,7 @@ def aggregate(rows: list[dict], k: int) -> dict:
     accepted = sum(r["accepted"] or 0 for r in rows)
     calls = sum(r["target_calls"] or 0 for r in rows)
     rate = accepted / drafted if drafted else None
-    a = per_token_acceptance(accepted, sum(r["rejected"] or 0 for r in rows)) if drafted else None
+    a = per_token_acceptance(accepted, sum(r["rejected"] or 0 for r in rows))
     c = median(r["cost_ratio"] for r in rows)
     identical = [r["identical_to_ar"] for r in rows if r["identical_to_ar"] is not None]
     return {
