@@ -2,8 +2,9 @@
 
 Order per prompt: for each target backend, AR, then for each (drafter, drafter backend) each
 method (and `hf`), all with the same settings, so drift of the machine hits every method alike;
-``repeats`` rounds of that, and each row keeps the run with the median seconds (so its fields
-stay consistent with each other). Each model is loaded once per backend.
+``repeats`` rounds of that, every second round in reverse order (AR last: a machine that speeds
+up or slows down during a round favours no method), and each row keeps the run with the median
+seconds (so its fields stay consistent with each other). Each model is loaded once per backend.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     for p in prompts:
         runs: dict[tuple, list[dict]] = {}
         for r in range(settings.repeats):
-            for job in list(jobs):
+            for job in list(jobs) if r % 2 == 0 else jobs[::-1]:
                 key, dec, baseline = job
                 try:
                     res = run_one(dec, key[3], baseline, p["prompt"], settings.max_new_tokens)

@@ -46,9 +46,8 @@ class Drafter:
         with self.stats.timed("draft"):
             if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
-            if k and self.context and len(self.ids) - max(len(self.session), self.head) > self.context:
-                self.session.rollback(min(self.head, len(self.session)))
-                self.ids = self.ids[:self.head] + self.ids[-self.context:]
+            if k and self.context:
+                self.trim(self.context)
             k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
             feed = self.ids[len(self.session):]
             self.caught_up = len(feed) if k else 0
@@ -68,6 +67,13 @@ class Drafter:
                 feed = [token]
         self.drafts = tokens
         return tokens, dists
+
+    def trim(self, context: int) -> None:
+        """Keep only the last ``context`` tokens of a longer backlog (after the head, BOS): the
+        next draft reads just those, its cache restarted after the head."""
+        if len(self.ids) - max(len(self.session), self.head) > context:
+            self.session.rollback(min(self.head, len(self.session)))
+            self.ids = self.ids[:self.head] + self.ids[-context:]
 
     @property
     def behind(self) -> int:

@@ -25,7 +25,9 @@ answer may stop early, the reading waits until the answer's plain tokens would h
 much (ski rental: `DraftPlan.renting`). When no k beats the plain step, the method runs plain
 steps (or copies, with prompt lookup) and probes with a full draft once the steps without the
 drafter have cost enough that the probe, were none of its drafts kept, would waste at most
-PROBE_SHARE of their time (`DraftPlan.probe_due`): a pair that cannot win loses at most that
+PROBE_SHARE of their time (`DraftPlan.probe_due`). A probe reads only the last PROBE_CONTEXT
+tokens of the drafter's backlog, so that each probe is cheap (every probe lands whole in one
+request) and probes come often at the same share: a pair that cannot win loses at most that
 share, and one that only looked bad (a few unlucky samples, a transient slowdown) gets its
 estimates refreshed within a request or two. While the drafter does not run, its estimates
 fade (keep their value, lose weight), so a probe after a transient slowdown (another job on the
@@ -49,6 +51,10 @@ FADE = 0.95  # weight kept by the drafter's estimates per step that does not run
 # behind by more than a plain step's reading) that kept good drafters off for whole runs:
 # Qwen-1.5B <- Gemma-3, t=0, 1.17x -> 1.70x (benchmarks/results/2026-11-30-floor{,-probe}-*)
 PROBE_SHARE = 0.02
+# backlog tokens a probe reads. In llama.cpp here a 64-token read costs more than the probe's
+# 5 passes: Gemma-3-270M 94 ms vs 58 ms, Qwen-0.5B 280 vs 98, SmolLM2 208 vs 39; 16 tokens
+# cost 30, 87 and 55 ms, so a probe costs 40-60% less
+PROBE_CONTEXT = 16
 
 
 class _Mean:
@@ -208,6 +214,8 @@ class DraftPlan:
             if k and self.renting(state, behind):
                 k = 0  # not a verdict on drafting: no probe is owed for these steps
             elif k or self.probe_due(behind):
+                if not k and self.drafter is not None:
+                    self.drafter.trim(PROBE_CONTEXT)
                 k = k or self.max_k
                 self.acc.idle = 0
             else:
@@ -216,14 +224,15 @@ class DraftPlan:
 
     def probe_due(self, behind: int) -> bool:
         """Whether the steps without the drafter so far (each worth a plain step) have earned a
-        probe: a full draft, after reading ``behind`` tokens, that would waste at most
-        PROBE_SHARE of their time were none of its drafts kept."""
+        probe: a full draft, after reading the last PROBE_CONTEXT of the ``behind`` tokens,
+        that would waste at most PROBE_SHARE of their time were none of its drafts kept."""
         c, k = self.costs, self.max_k
         target, d = c.target_curve(), (0.0 if self.free else c.draft.value)
         if not self.acc.idle or target is None or d is None:
             return False
         plain = target(1)
-        waste = self.catch_up_seconds(behind) + k * d + target(1 + self.acc.ratio.value * k) - plain
+        read = self.catch_up_seconds(min(behind, PROBE_CONTEXT))
+        waste = read + k * d + target(1 + self.acc.ratio.value * k) - plain
         return self.acc.idle * plain * PROBE_SHARE >= waste
 
     def renting(self, state, behind: int) -> bool:

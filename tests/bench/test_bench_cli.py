@@ -240,3 +240,23 @@ def test_divergence_names_the_token_and_the_targets_margin():
     logits = session.feed(ar[1:2])[-1]
     assert at == 2 and margin == float(logits[ar[2]] - logits[other[2]]) and margin > 0
     assert divergence(dec, "hello", False, ar, ar[:4]) == (4, None)  # only the length differs
+
+
+def test_repeats_alternate_the_order_of_the_methods(models, tmp_path, monkeypatch):
+    """Every second round runs in reverse (AR last), so drift during a round favours no method."""
+    from anydraft.decoder import Decoder
+
+    order = []
+    generate = Decoder.generate
+
+    def spy(self, prompt, *args, method=None, **kwargs):
+        order.append(method)
+        return generate(self, prompt, *args, method=method, **kwargs)
+
+    monkeypatch.setattr(Decoder, "generate", spy)
+    rc = main(["bench", "--target", str(models / "target"), "--drafter", str(models / "twin"),
+               "--methods", "ar,slem", "--dataset", str(models / "prompts.jsonl"), "--categories", "code",
+               "--max-new-tokens", "4", "--repeats", "3", "--no-warmup", "--no-plots",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    assert order == ["ar", "slem", "slem", "ar", "ar", "slem"]

@@ -131,6 +131,10 @@ def test_a_drafter_behind_by_more_than_its_context_reads_only_the_end():
     assert drafter.behind == 3
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[-1] == [2, 1] and session.cache == [9, 2, 1] and drafter.ids == [9, 2, 1]
+    drafter.sync_ids(0, [3, 3, 2])
+    drafter.trim(1)  # a probe's shorter read
+    drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
+    assert session.fed[-1] == [2] and session.cache == [9, 2] and drafter.ids == [9, 2]
 
 
 def test_a_wrong_verifier_is_caught(toys):

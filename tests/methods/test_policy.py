@@ -9,7 +9,7 @@ from anydraft.methods import (
     StringLevelRejectionSampling,
     TokenLevelIntersection,
 )
-from anydraft.methods.policy import PROBE_SHARE, Acceptance, Costs, DraftPlan, _Mean, room
+from anydraft.methods.policy import PROBE_CONTEXT, PROBE_SHARE, Acceptance, Costs, DraftPlan, _Mean, room
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import Toys, params
 
@@ -141,6 +141,9 @@ class FakeDrafter:
     def __init__(self, behind):
         self.behind, self.caught_up = behind, 0
 
+    def trim(self, context):
+        self.behind = min(self.behind, context)
+
 
 def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
     """A drafter 1000 tokens behind at 2 ms a token: not worth it for 20 tokens, worth it for 2000."""
@@ -180,12 +183,19 @@ def toys():
 @pytest.mark.parametrize("method", ["slem", "tli", "slrs", "sd"])
 def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, context, monkeypatch):
     """k = 0, 1, 2 by position (a plain step included) through the real loop, enumerated; with
-    a 1-token drafter context the backlog a plain step leaves is cut to its last token."""
+    a 1-token drafter context the backlog a plain step leaves is cut to its last token, and
+    the k = 1 steps, like a probe, first trim the backlog to its last token."""
     import dataclasses
 
     from tests.methods.toys import TARGET_VOCAB, ToySession
 
-    monkeypatch.setattr(DraftPlan, "k", lambda self, state: min(len(state.committed) % 3, room(state)))
+    def k(self, state):
+        k = min(len(state.committed) % 3, room(state))
+        if k == 1:
+            self.drafter.trim(1)
+        return k
+
+    monkeypatch.setattr(DraftPlan, "k", k)
     p = params(temperature=0.8, top_k=4)
     want = toys.exact_target_distribution(PROMPT, p, 3)
     pairing = dataclasses.replace(toys.pairing(num_draft_tokens=2), drafter_context=context)
@@ -236,16 +246,19 @@ def test_stopping_on_the_drafters_confidence_keeps_the_distribution_exact(toys, 
     assert True in short  # the threshold stopped some drafts
 
 
-def test_a_backlog_to_read_makes_probes_rarer():
-    """A probe that must first read 100 tokens at 2 ms (0.2 s) waits for that much more plain
-    time: 0.5 s of waste at 0.004 s of allowance per plain step."""
+def test_a_probe_reads_only_the_end_of_a_backlog_and_waits_for_that_read():
+    """A drafter 100 tokens behind at 2 ms a token: the probe reads only the last PROBE_CONTEXT
+    (16: 0.032 s), and waits for that much more plain time: 0.332 s of waste at 0.004 s of
+    allowance per plain step (0.3 s without a backlog: 75 steps)."""
     c, acc = costs({1: 0.2, 6: 0.25}, 0.05), acceptance(0.1)
     c.catch_up = _Mean(0.002)
-    plan = DraftPlan(5, True, c, acc, FakeDrafter(behind=100))
+    drafter = FakeDrafter(behind=100)
+    plan = DraftPlan(5, True, c, acc, drafter)
     plan.steps = 2
-    ks = [plan.k(FakeState()) for _ in range(150)]
+    ks = [plan.k(FakeState()) for _ in range(120)]
     probes = [i for i, k in enumerate(ks) if k]
-    assert len(probes) == 1 and abs(probes[0] - 125) <= 1
+    assert PROBE_CONTEXT == 16 and len(probes) == 1 and abs(probes[0] - 83) <= 1
+    assert drafter.behind == PROBE_CONTEXT  # trimmed for the probe
 
 
 def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
