@@ -9,7 +9,15 @@ from anydraft.methods import (
     StringLevelRejectionSampling,
     TokenLevelIntersection,
 )
-from anydraft.methods.policy import PROBE_CONTEXT, PROBE_SHARE, Acceptance, Costs, DraftPlan, _Mean, room
+from anydraft.methods.policy import (
+    PROBE_CONTEXT,
+    PROBE_SHARE,
+    Acceptance,
+    Costs,
+    DraftPlan,
+    _Mean,
+    room,
+)
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import Toys, params
 
