@@ -46,7 +46,7 @@ class Drafter:
         with self.stats.timed("draft"):
             if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
-            if k and self.context:
+            if k:
                 self.trim(self.context)
             k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
             feed = self.ids[len(self.session):]
@@ -68,18 +68,22 @@ class Drafter:
         self.drafts = tokens
         return tokens, dists
 
+    def _too_long(self, context: int) -> bool:
+        return 0 < context < len(self.ids) - max(len(self.session), self.head)
+
     def trim(self, context: int) -> None:
         """Keep only the last ``context`` tokens of a longer backlog (after the head, BOS): the
         next draft reads just those, its cache restarted after the head."""
-        if len(self.ids) - max(len(self.session), self.head) > context:
+        if self._too_long(context):
             self.session.rollback(min(self.head, len(self.session)))
             self.ids = self.ids[:self.head] + self.ids[-context:]
 
     @property
     def behind(self) -> int:
-        """Committed tokens the next draft reads first (capped by the context window)."""
-        behind = len(self.ids) - len(self.session)
-        return min(behind, self.head + self.context) if self.context else behind
+        """Committed tokens the next draft reads first (after `trim` to the context window)."""
+        if self._too_long(self.context):
+            return self.context + max(0, self.head - len(self.session))
+        return len(self.ids) - len(self.session)
 
     def sync_ids(self, n_keep: int, new_ids: list[int]) -> None:
         """Same vocabulary: the first ``n_keep`` drafts were committed, then ``new_ids``."""

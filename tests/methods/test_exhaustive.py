@@ -128,7 +128,7 @@ def test_a_drafter_behind_by_more_than_its_context_reads_only_the_end():
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[-1] == [1, 0] and session.cache == [9, 2, 3, 1, 0]
     drafter.sync_ids(0, [3, 3, 2, 2, 1])  # plain steps committed 5 tokens it did not draft
-    assert drafter.behind == 3
+    assert drafter.behind == 2  # the head is still in the cache
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[-1] == [2, 1] and session.cache == [9, 2, 1] and drafter.ids == [9, 2, 1]
     drafter.sync_ids(0, [3, 3, 2])
