@@ -188,16 +188,38 @@ class DraftPlan:
         return best_k, best_rate
 
     def behind(self) -> int:
-        """Committed tokens the drafter reads before it can draft again."""
-        return 0 if self.drafter is None else self.drafter.behind
+        """Committed tokens the drafter reads before it can draft again (at most `window`)."""
+        if self.drafter is None:
+            return 0
+        window = self.window()
+        return min(self.drafter.behind, window) if window else self.drafter.behind
+
+    def window(self) -> int:
+        """How much of a backlog a draft reads: as many tokens as one plain target step costs
+        to read, between PROBE_CONTEXT and the drafter's context (0, all: never cut).
+
+        A read is paid once per backlog and lost whole when the answer ends soon after (an
+        extraction's 10 tokens); a longer read buys acceptance for the rest of the answer.
+        At one step's worth, a dear read (SmolLM2 reads 64 tokens in 0.2 s, 2.6 of Qwen-0.5B's
+        steps) shrinks to ~24 tokens, and a cheap one (one of Qwen-1.5B's 0.2 s steps) keeps
+        the whole context, whose acceptance pays there (`DRAFTER_CONTEXT`)."""
+        context = self.drafter.context
+        per_token, plain = self._per_token(), self.costs.target_seconds(1)
+        if not context or per_token is None or plain is None:
+            return context
+        return min(context, max(PROBE_CONTEXT, int(plain / per_token)))
+
+    def _per_token(self) -> float | None:
+        """Drafter seconds per backlog token read (before any read: a sixteenth of a pass)."""
+        c = self.costs
+        if c.catch_up.value is not None or c.draft.value is None:
+            return c.catch_up.value
+        return c.draft.value / 16
 
     def catch_up_seconds(self, behind: int) -> float:
         """What reading ``behind`` tokens costs the drafter (before it can draft again)."""
-        c = self.costs
-        if behind <= 2 or c.draft.value is None:
-            return 0.0
-        per_token = c.catch_up.value if c.catch_up.value is not None else c.draft.value / 16
-        return per_token * behind
+        per_token = self._per_token()
+        return 0.0 if behind <= 2 or per_token is None else per_token * behind
 
     def k(self, state) -> int:
         self._start = time.perf_counter()
@@ -214,8 +236,8 @@ class DraftPlan:
             if k and self.renting(state, behind):
                 k = 0  # not a verdict on drafting: no probe is owed for these steps
             elif k or self.probe_due(behind):
-                if not k and self.drafter is not None:
-                    self.drafter.trim(PROBE_CONTEXT)
+                if self.drafter is not None:
+                    self.drafter.trim(self.window() if k else PROBE_CONTEXT)
                 k = k or self.max_k
                 self.acc.idle = 0
             else:

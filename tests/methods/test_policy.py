@@ -146,8 +146,8 @@ def test_adaptive_plan_learns_costs_and_acceptance():
 
 
 class FakeDrafter:
-    def __init__(self, behind):
-        self.behind, self.caught_up = behind, 0
+    def __init__(self, behind, context=0):
+        self.behind, self.context, self.caught_up = behind, context, 0
 
     def trim(self, context):
         self.behind = min(self.behind, context)
@@ -267,6 +267,24 @@ def test_a_probe_reads_only_the_end_of_a_backlog_and_waits_for_that_read():
     probes = [i for i, k in enumerate(ks) if k]
     assert PROBE_CONTEXT == 16 and len(probes) == 1 and abs(probes[0] - 83) <= 1
     assert drafter.behind == PROBE_CONTEXT  # trimmed for the probe
+
+
+@pytest.mark.parametrize("read_seconds, window", [(0.002, 45), (0.001, 64), (0.02, PROBE_CONTEXT)])
+def test_a_draft_reads_as_much_of_a_backlog_as_one_plain_step_costs(read_seconds, window):
+    """0.09 s plain steps: at 2 ms a token a draft reads the last 45 tokens of a 1000-token
+    backlog, at 1 ms the whole context (64), at 20 ms no fewer than a probe's PROBE_CONTEXT;
+    the read is priced at what is read."""
+    c = costs({1: 0.09, 6: 0.1}, 0.01)
+    c.catch_up = _Mean(read_seconds)
+    drafter = FakeDrafter(behind=1000, context=64)
+    plan = DraftPlan(5, True, c, acceptance(0.9), drafter)
+    plan.steps = 2
+    state = FakeState()
+    state.budget, state.stats.new_tokens = 2000, 50
+    assert plan.window() == window and plan.behind() == window
+    assert plan.k(state) > 0 and drafter.behind == window
+    drafter.context, drafter.behind = 0, 1000  # read everything: never cut
+    assert plan.window() == 0 and plan.behind() == 1000
 
 
 def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
