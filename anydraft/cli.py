@@ -41,8 +41,9 @@ def add_draft_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="stop drafting when the drafter's top probability falls below this")
     p.add_argument("--drafter-context", type=int, default=DRAFTER_CONTEXT,
-                   help=f"the drafter reads only the prompt's last N tokens (default "
-                        f"{DRAFTER_CONTEXT}: cheaper on long prompts; 0: all of it)")
+                   help=f"the drafter reads at most the prompt's last N tokens (default "
+                        f"{DRAFTER_CONTEXT}: cheaper on long prompts; adaptive drafting reads "
+                        f"fewer, down to 16, where N cost more than a target step; 0: all of it)")
 
 
 def add_backend_options(p: argparse.ArgumentParser) -> None:

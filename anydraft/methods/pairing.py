@@ -18,7 +18,8 @@ TRIAL_STEPS = 24  # drafting steps of each candidate method before `fastest` com
 # 1.13x (t=1) over AR there, and no loss on short prompts (benchmarks/results/2026-11-30-context*).
 # 16 was measured too: it helps a cheap target (Qwen-0.5B <- SmolLM2, 13 categories: 1.39x vs
 # 1.32x pooled) but costs the main pair acceptance (Qwen-1.5B <- SmolLM2: a 0.58 vs 0.63, 1.67x
-# vs 1.78x pooled; `*context16*`, `context64-again*`), so probes alone read 16 (`PROBE_CONTEXT`)
+# vs 1.78x pooled; `*context16*`, `context64-again*`), so probes read 16 (`PROBE_CONTEXT`), and
+# adaptive drafts read what one target step costs (`DraftPlan.window`), 16 to this context
 DRAFTER_CONTEXT = 64
 
 
@@ -62,9 +63,10 @@ class Pairing:
         """A drafter session reading the prompt: the same ids, or the prompt's text re-encoded.
 
         With ``drafter_context`` > 0 it reads only the prompt's last ``drafter_context`` tokens
-        (after its BOS, if any), and later backlogs likewise (`Drafter.propose`): a long prompt
-        costs the drafter less to read (llama.cpp reads ~3 ms a token here) for a slightly
-        worse-informed draft. Lossless like any proposal."""
+        (after its BOS, if any), and later backlogs likewise (`Drafter.propose`; adaptive
+        drafting may read fewer: `DraftPlan.window`): a long prompt costs the drafter less to
+        read (llama.cpp reads ~3 ms a token here) for a slightly worse-informed draft.
+        Lossless like any proposal."""
         prompt = list(state.committed)
         bos = self.target_table.bos_id
         head = prompt[:1] if prompt and prompt[0] == bos else []

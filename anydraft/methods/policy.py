@@ -22,7 +22,8 @@ that is behind the committed text (the prompt, at first) must read it before dra
 one-off cost is spread over the tokens still wanted, so a long prompt with a short answer is
 decoded plainly when reading it would cost the drafter more than it can win; and since an
 answer may stop early, the reading waits until the answer's plain tokens would have cost as
-much (ski rental: `DraftPlan.renting`). When no k beats the plain step, the method runs plain
+much (ski rental: `DraftPlan.renting`), and it reads only as many of the backlog's last tokens
+as one plain step costs (`DraftPlan.window`). When no k beats the plain step, the method runs plain
 steps (or copies, with prompt lookup) and probes with a full draft once the steps without the
 drafter have cost enough that the probe, were none of its drafts kept, would waste at most
 PROBE_SHARE of their time (`DraftPlan.probe_due`). A probe reads only the last PROBE_CONTEXT
@@ -84,7 +85,7 @@ class Costs:
 
     target: dict = field(default_factory=dict)  # tokens scored in one call -> _Mean seconds
     draft: _Mean = field(default_factory=_Mean)  # seconds per drafter forward pass
-    catch_up: _Mean = field(default_factory=_Mean)  # drafter seconds per token read in one pass
+    catch_up: _Mean = field(default_factory=_Mean)  # drafter seconds per backlog token read, beyond a pass
     plain_overhead: _Mean = field(default_factory=lambda: _Mean(0.0))  # rest of a plain step
 
     def target_curve(self):
@@ -205,12 +206,13 @@ class DraftPlan:
         the whole context, whose acceptance pays there (`DRAFTER_CONTEXT`)."""
         context = self.drafter.context
         per_token, plain = self._per_token(), self.costs.target_seconds(1)
-        if not context or per_token is None or plain is None:
+        if not context or not per_token or plain is None:  # reading is free: all of it
             return context
         return min(context, max(PROBE_CONTEXT, int(plain / per_token)))
 
     def _per_token(self) -> float | None:
-        """Drafter seconds per backlog token read (before any read: a sixteenth of a pass)."""
+        """Drafter seconds per backlog token read, beyond a pass (before any read: a
+        sixteenth of a pass)."""
         c = self.costs
         if c.catch_up.value is not None or c.draft.value is None:
             return c.catch_up.value
@@ -289,8 +291,10 @@ class DraftPlan:
             caught_up = 0 if self.drafter is None else self.drafter.caught_up
             if caught_up <= 2:
                 c.draft.add(draft / calls)
-            elif c.draft.value is not None:  # the first pass also read `caught_up` tokens
-                c.catch_up.add(max(0.0, draft - (calls - 1) * c.draft.value) / caught_up)
+            elif c.draft.value is not None:  # the first pass also read `caught_up` tokens:
+                # what that cost beyond a pass (a read of n tokens costs a pass plus n - 1
+                # tokens' worth; a whole-pass share per token would price short reads dear)
+                c.catch_up.add(max(0.0, draft - calls * c.draft.value) / caught_up)
             self.acc.overhead.add(max(0.0, wall - draft - target))
             self.acc.ratio.add(len(candidates) / calls)
         else:
