@@ -23,15 +23,15 @@ one-off cost is spread over the tokens still wanted, so a long prompt with a sho
 decoded plainly when reading it would cost the drafter more than it can win; and since an
 answer may stop early, the reading waits until the answer's plain tokens would have cost as
 much (ski rental: `DraftPlan.renting`), and it reads only as many of the backlog's last tokens
-as one plain step costs (`DraftPlan.window`). When no k beats the plain step, the method runs plain
-steps (or copies, with prompt lookup) and probes with a full draft once the steps without the
-drafter have cost enough that the probe, were none of its drafts kept, would waste at most
+as one plain step costs (`DraftPlan.window`). When no k beats the plain step, the method runs
+plain steps (or copies, with prompt lookup) and probes with a full draft once the steps without
+the drafter have cost enough that the probe, were none of its drafts kept, would waste at most
 PROBE_SHARE of their time (`DraftPlan.probe_due`). A probe reads only the last PROBE_CONTEXT
 tokens of the drafter's backlog, so that each probe is cheap (every probe lands whole in one
 request) and probes come often at the same share: a pair that cannot win loses at most that
 share, and one that only looked bad (a few unlucky samples, a transient slowdown) gets its
-estimates refreshed within a request or two. While the drafter does not run, its estimates
-fade (keep their value, lose weight), so a probe after a transient slowdown (another job on the
+estimates refreshed within a request or two. While the drafter does not run, its estimates fade
+(keep their value, lose weight), so a probe after a transient slowdown (another job on the
 cores) replaces the stale numbers instead of being averaged away by them. The estimates live in
 the `Pairing`, so a pair's next request starts from what the last one learned.
 
