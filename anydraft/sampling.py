@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from .config import is_int, is_number
 from .errors import AnydraftError
+
+if TYPE_CHECKING:  # torch is imported where it is used: `anydraft --help` needs none of it
+    import torch
+
+MAX_SEED = 2**63 - 1  # a signed 64-bit integer, as OpenAI's API has it
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy (argmax of the raw logits)
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
-    seed: int | None = None
+    """How to sample. Invalid values raise `AnydraftError` at construction. The field
+    metadata is the help of the command line options (see anydraft/options.py)."""
+
+    temperature: float = field(default=0.0, metadata={"help": "0: greedy; at most 100"})
+    top_k: int = field(default=0, metadata={"help": "keep the k most likely tokens; 0: off"})
+    top_p: float = field(default=1.0, metadata={
+        "help": "keep the most likely tokens whose mass reaches p, in (0, 1]; 1: off"})
+    min_p: float = field(default=0.0, metadata={
+        "help": "drop tokens below p times the top probability, in [0, 1); 0: off"})
+    seed: int | None = field(default=None, metadata={
+        "help": "random seed; None: a fresh one per generation"})
 
     def __post_init__(self):
         def bad(msg):
@@ -30,20 +41,20 @@ class SamplingParams:
 
         for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not is_number(value):
                 bad(f"{name} must be a finite number, got {value!r}")
         if self.temperature < 0:
             bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.temperature > 100:
             bad(f"temperature must be <= 100, got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             bad(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             bad(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if not 0 <= self.min_p < 1:
             bad(f"min_p must be in [0, 1) (0 = off), got {self.min_p}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            bad(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            bad(f"seed must be an integer in 0..2**63-1 or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -51,6 +62,8 @@ class SamplingParams:
 
     def generator(self) -> torch.Generator:
         """A fresh generator: seeded runs are reproducible, unseeded ones are not."""
+        import torch
+
         seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         return torch.Generator().manual_seed(seed)
 
@@ -60,6 +73,8 @@ class SamplingParams:
         Greedy settings give the one-hot distribution of the argmax, so methods that verify by
         rejection sampling are exact for greedy too.
         """
+        import torch
+
         if logits.dtype != torch.float64:  # float64 stays: exhaustive tests compare to 1e-9
             logits = logits.float()
         if self.greedy:
@@ -94,6 +109,8 @@ def sample(probs: torch.Tensor, generator) -> int:
     """One draw from a 1-D distribution."""
     if hasattr(generator, "sample"):
         return generator.sample(probs)
+    import torch
+
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
@@ -101,4 +118,6 @@ def bernoulli(prob: float, generator) -> bool:
     """True with probability ``min(1, prob)``."""
     if hasattr(generator, "bernoulli"):
         return generator.bernoulli(min(1.0, prob))
+    import torch
+
     return float(torch.rand((), generator=generator)) < prob
