@@ -5,6 +5,10 @@
     out = dec.generate("Write a haiku", max_new_tokens=64)
     out.text, out.token_ids, out.stats
     for delta in dec.stream("Write a haiku"): print(delta, end="")
+
+Draft settings are a `DraftConfig` (``draft=``), sampling settings a `SamplingParams`
+(``sampling=``); keyword shortcuts (``method=``, ``num_draft_tokens=``, ``temperature=``, ...)
+override single fields of them.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from dataclasses import dataclass, field
 
 from . import methods
 from .bridge import token_table
+from .config import DraftConfig, check_method, override
 from .decoding import DecodeState, Finish, Stats, TextAssembler, decode
 from .errors import AnydraftError
-from .methods.pairing import DRAFTER_CONTEXT
 from .models.backends import LoadedModel, check_backend, load
 from .models.loading import parse_dtype
 from .sampling import SamplingParams
@@ -42,35 +46,29 @@ class Decoder:
         self,
         target,
         drafter=None,
-        method: str = "auto",
+        *,
+        draft: DraftConfig | None = None,
         dtype="float32",
         drafter_dtype=None,
         device: str = "cpu",
         tokenizer=None,
         drafter_tokenizer=None,
-        num_draft_tokens: int = 5,
-        draft_confidence: float = 0.0,
-        adaptive: bool = True,
-        drafter_context: int = DRAFTER_CONTEXT,
         progress=None,
         backend: str = "torch",
         drafter_backend: str | None = None,
+        method: str | None = None,
+        num_draft_tokens: int | None = None,
+        draft_confidence: float | None = None,
+        adaptive: bool | None = None,
+        drafter_context: int | None = None,
     ):
         parse_dtype(dtype)
         check_backend(backend)
         drafter_backend = check_backend(drafter_backend or backend)
-        self.method = methods.check(method, has_drafter=drafter is not None)
-        if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= 64:
-            raise AnydraftError(f"num_draft_tokens must be an integer in 1..64, got {num_draft_tokens!r}")
-        if not 0 <= draft_confidence < 1:
-            raise AnydraftError(f"draft_confidence must be in [0, 1), got {draft_confidence!r}")
-        if isinstance(drafter_context, bool) or not isinstance(drafter_context, int) or drafter_context < 0:
-            raise AnydraftError(
-                f"drafter_context must be a non-negative integer (0: the whole prompt), got {drafter_context!r}")
-        self.num_draft_tokens = num_draft_tokens
-        self.drafter_context = drafter_context
-        self.adaptive = bool(adaptive)
-        self.draft_confidence = draft_confidence
+        self.draft = override(draft or DraftConfig(), method=method,
+                              num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,
+                              adaptive=adaptive, drafter_context=drafter_context)
+        check_method(self.draft.method, has_drafter=drafter is not None)
         self.target = load(target, backend, tokenizer, dtype, device, progress)
         self.drafter = None
         if drafter is not None:
@@ -84,6 +82,13 @@ class Decoder:
         self.table = token_table(self.target.tokenizer)
         self.eos_ids = _eos_ids(self.target)
         self._method_factory = methods.factory(self)
+
+    # the draft settings, as the methods read them until they read ``self.draft``
+    method = property(lambda self: self.draft.method)
+    num_draft_tokens = property(lambda self: self.draft.num_draft_tokens)
+    draft_confidence = property(lambda self: self.draft.draft_confidence)
+    adaptive = property(lambda self: self.draft.adaptive)
+    drafter_context = property(lambda self: self.draft.drafter_context)
 
     # -- prompts ---------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = True) -> list[int]:
@@ -115,8 +120,8 @@ class Decoder:
         return ids
 
     # -- generation ------------------------------------------------------------------------
-    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method):
-        method = self.method if method is None else methods.check(method, self.drafter is not None)
+    def _run(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts):
+        method = self.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if stop is None:
@@ -125,7 +130,7 @@ class Decoder:
             stop = [stop]
         if not all(isinstance(s, str) for s in stop):
             raise AnydraftError("stop must be a string or a list of strings")
-        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
+        params = override(sampling or SamplingParams(), **shortcuts)
         ids = self.prompt_ids(prompt, chat)
         state = DecodeState(self.target.new_session(), list(ids), params, params.generator(), Stats())
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
@@ -138,18 +143,23 @@ class Decoder:
         self,
         prompt,
         max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
-        seed: int | None = None,
+        *,
+        sampling: SamplingParams | None = None,
         chat: bool = True,
         stop: str | Sequence[str] | None = None,
         method: str | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        seed: int | None = None,
     ) -> GenerationOutput:
-        """Generate a completion. ``method`` overrides the decoder's method for this call."""
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed,
-                             chat, stop, method)
+        """Generate a completion. ``sampling`` (default: greedy) with the shortcuts
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed`` overriding its fields;
+        ``method`` overrides the decoder's method for this call."""
+        stream = self.stream(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
+                             method=method, temperature=temperature, top_k=top_k, top_p=top_p,
+                             min_p=min_p, seed=seed)
         for _ in stream:
             pass
         return stream.output
@@ -158,23 +168,25 @@ class Decoder:
         self,
         prompt,
         max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
-        seed: int | None = None,
+        *,
+        sampling: SamplingParams | None = None,
         chat: bool = True,
         stop: str | Sequence[str] | None = None,
         method: str | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        seed: int | None = None,
     ) -> TextStream:
-        """Text deltas as tokens are committed (never splitting a UTF-8 character).
+        """Text deltas as tokens are committed (never splitting a UTF-8 character); the
+        arguments are `generate`'s.
 
         Bad input raises here, before iteration. Once iterated to the end, the returned
         stream's ``.output`` holds the `GenerationOutput` (token ids, stats, finish reason).
         """
-        return TextStream(*self._run(
-            prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, chat, stop, method
-        ))
+        shortcuts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        return TextStream(*self._run(prompt, max_new_tokens, sampling, chat, stop, method, shortcuts))
 
 
 class TextStream:
