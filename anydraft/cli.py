@@ -1,4 +1,4 @@
-"""Command line: `anydraft generate | models | pair | demo`."""
+"""Command line: `anydraft generate | models | pair | demo | bench | serve`."""
 
 from __future__ import annotations
 
@@ -6,70 +6,17 @@ import argparse
 import json
 import sys
 
+from .bench import cli as bench_cli
 from .errors import AnydraftError
-from .methods.pairing import DRAFTER_CONTEXT
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
-    p.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
-    p.add_argument("--method", default="auto", help="ar | lookup | sd | slem | tli | slrs | auto")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
-    p.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
-    add_backend_options(p)
-    add_draft_options(p)
-
-
-def add_draft_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-draft-tokens", type=int, default=5,
-                   help="draft length k (with adaptive drafting: the largest k it may choose)")
-    p.add_argument("--fixed-k", action="store_true",
-                   help="always draft --num-draft-tokens (default: adaptive, from measured costs)")
-    p.add_argument("--draft-confidence", type=float, default=0.0,
-                   help="stop drafting when the drafter's top probability falls below this")
-    p.add_argument("--drafter-context", type=int, default=DRAFTER_CONTEXT,
-                   help=f"the drafter reads at most the prompt's last N tokens (default "
-                        f"{DRAFTER_CONTEXT}: cheaper on long prompts; adaptive drafting reads "
-                        f"fewer, down to 16, where N cost more than a target step; 0: all of it)")
-
-
-def add_backend_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target-backend", default="torch", choices=("torch", "llamacpp"),
-                   help="torch (transformers, --dtype) or llamacpp (the GGUF as it is, quantized)")
-    p.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
-                   help="default: same as --target-backend")
-
-
-def _decoder(args):
-    from .decoder import Decoder
-
-    return Decoder(
-        target=args.target,
-        drafter=args.drafter,
-        method=args.method,
-        dtype=args.dtype,
-        drafter_dtype=args.drafter_dtype,
-        num_draft_tokens=args.num_draft_tokens,
-        draft_confidence=args.draft_confidence,
-        adaptive=not args.fixed_k,
-        drafter_context=args.drafter_context,
-        progress=_progress,
-        backend=args.target_backend,
-        drafter_backend=args.drafter_backend,
-    )
+from .options import (
+    add_draft_options,
+    add_model_options,
+    add_sampling_options,
+    decoder_options,
+    progress,
+    sampling_params,
+)
+from .server import cli as server_cli
 
 
 def cmd_generate(args) -> int:
@@ -83,11 +30,12 @@ def cmd_generate(args) -> int:
             raise AnydraftError(f"cannot read --prompt-file: {exc}") from exc
     else:
         prompt = args.prompt
-    dec = _decoder(args)
-    kwargs = dict(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, min_p=args.min_p, seed=args.seed, chat=args.chat, stop=args.stop,
-    )
+    sampling = sampling_params(args)  # invalid settings fail before the models load
+    from .decoder import Decoder
+
+    dec = Decoder(**decoder_options(args))
+    kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, chat=args.chat,
+                  stop=args.stop)
     if args.json:
         out = dec.generate(prompt, **kwargs)
         print(json.dumps({"text": out.text, "token_ids": out.token_ids,
@@ -98,9 +46,9 @@ def cmd_generate(args) -> int:
             print(delta, end="", flush=True)
         print()
         s = stream.output.stats
-        _progress(f"[{s['method']}] {s['new_tokens']} tokens in {s['seconds']:.2f} s "
-                  f"({s['tokens_per_s']:.1f} tok/s, {s['mean_accepted']:.2f} tokens per target "
-                  f"call), finish: {stream.output.finish_reason}")
+        progress(f"[{s['method']}] {s['new_tokens']} tokens in {s['seconds']:.2f} s "
+                 f"({s['tokens_per_s']:.1f} tok/s, {s['mean_accepted']:.2f} tokens per target "
+                 f"call), finish: {stream.output.finish_reason}")
     return 0
 
 
@@ -123,7 +71,7 @@ def cmd_models(args) -> int:
     for name in names:
         catalog.get_entry(name)  # fail on a typo before installing anything
     for name in names:
-        path = catalog.install(name, progress=_progress)
+        path = catalog.install(name, progress=progress)
         print(f"{name}: {path}")
     return 0
 
@@ -149,12 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text")
     add_model_options(g)
+    add_draft_options(g)
     g.add_argument("--prompt", default=None)
     g.add_argument("--prompt-file", default=None)
     g.add_argument("--chat", action="store_true", help="apply the target's chat template")
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    _add_sampling(g)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    add_sampling_options(g)
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="list or install the offline model catalog")
@@ -183,13 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
     d.set_defaults(func=cmd_demo)
-    from .bench.cli import register as register_bench; register_bench(sub)  # noqa: E702, I001
-    from .server.cli import register as register_serve; register_serve(sub)  # noqa: E702, I001
+    bench_cli.register(sub)
+    server_cli.register(sub)
     return parser
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command as typed, for reports (`anydraft bench` records it)
     try:
         return args.func(args)
     except AnydraftError as exc:

@@ -7,6 +7,9 @@ import datetime
 import shlex
 import sys
 
+from ..options import add_draft_options, add_sampling_options, draft_config, sampling_params
+from ..sampling import SamplingParams
+
 HELP = """Benchmark methods side by side on one target: AR, then each method per prompt
 (interleaved, after a warm-up), median over --repeats; with several backends, every (target
 backend, drafter, drafter backend) combination, each against AR on its own target backend.
@@ -16,8 +19,6 @@ output differs from AR (a correctness alarm)."""
 
 def register(sub) -> None:
     """Add the `bench` subcommand to ``sub`` (the subparsers of `anydraft`)."""
-    from ..cli import add_draft_options
-
     b = sub.add_parser("bench", help="benchmark methods side by side (tables, plots, bound)",
                        description=HELP)
     b.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
@@ -33,11 +34,6 @@ def register(sub) -> None:
     b.add_argument("--categories", default=None, help="comma list: only these categories")
     b.add_argument("--n", type=int, default=5, help="at most N prompts per category (default 5)")
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    b.add_argument("--top-k", type=int, default=0)
-    b.add_argument("--top-p", type=float, default=1.0)
-    b.add_argument("--min-p", type=float, default=0.0)
-    b.add_argument("--seed", type=int, default=0)
     b.add_argument("--target-backend", default="torch",
                    help="comma list of torch, llamacpp (GGUF as it is): one AR and one set of runs "
                         "per backend (default torch)")
@@ -46,7 +42,8 @@ def register(sub) -> None:
     b.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target, torch backend)")
     b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
     b.add_argument("--device", default="cpu")
-    add_draft_options(b)  # --num-draft-tokens (k, also the bound's), --fixed-k, --draft-confidence, --drafter-context
+    add_draft_options(b, skip=("method",))  # --methods instead; k is also the bound's
+    add_sampling_options(b, SamplingParams(seed=0))  # seeded: a sampling run repeats exactly
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
     b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     b.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
@@ -69,12 +66,7 @@ def settings_from_args(args):
         raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
     if args.max_new_tokens < 1:
         raise AnydraftError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not 1 <= args.num_draft_tokens <= 64:
-        raise AnydraftError(f"--num-draft-tokens must be in 1..64, got {args.num_draft_tokens}")
-    if not 0 <= args.draft_confidence < 1:
-        raise AnydraftError(f"--draft-confidence must be in [0, 1), got {args.draft_confidence}")
-    if args.drafter_context < 0:
-        raise AnydraftError(f"--drafter-context must be >= 0 (0: the whole prompt), got {args.drafter_context}")
+    draft, sampling = draft_config(args), sampling_params(args)
     if args.baseline == "hf" and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
     target_backends = parse_backends(args.target_backend, "--target-backend")
@@ -87,40 +79,20 @@ def settings_from_args(args):
     parse_dtype(args.dtype)
     if args.drafter_dtype is not None:
         parse_dtype(args.drafter_dtype)
-    from ..sampling import SamplingParams
-
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
     text = args.methods if args.methods is not None else "ar,auto"
     methods = parse_methods(text, has_drafter=bool(args.drafter))
     drafters = list(dict.fromkeys(args.drafter))
     return BenchSettings(
         target=args.target, drafters=drafters, methods=methods, target_backends=target_backends,
         drafter_backends=drafter_backends, baseline_hf=args.baseline == "hf",
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, min_p=args.min_p, seed=args.seed, dtype=args.dtype,
-        drafter_dtype=args.drafter_dtype, device=args.device,
-        num_draft_tokens=args.num_draft_tokens, adaptive=not args.fixed_k,
-        draft_confidence=args.draft_confidence, drafter_context=args.drafter_context,
+        max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
+        drafter_dtype=args.drafter_dtype, device=args.device, draft=draft,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
 
 
 def command_line(args) -> str:
-    """The exact command when run as `anydraft bench ...`; else the same run spelled out."""
-    if sys.argv[1:2] == ["bench"]:
-        return shlex.join(["anydraft", *sys.argv[1:]])
-    parts = ["anydraft", "bench"]
-    for key, value in vars(args).items():
-        if key in ("command", "func") or value in (None, False, []):
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            parts.append(flag)
-        elif isinstance(value, list):
-            for v in value:
-                parts += [flag, str(v)]
-        else:
-            parts += [flag, str(value)]
-    return shlex.join(parts)
+    """The command as typed (`main` keeps its arguments in ``args.argv``)."""
+    return shlex.join(["anydraft", *args.argv])
 
 
 def cmd_bench(args) -> int:
@@ -156,7 +128,7 @@ def cmd_bench(args) -> int:
     if not args.no_plots:
         from .plots import write_plots
 
-        plots = write_plots(out, rows, settings.num_draft_tokens)
+        plots = write_plots(out, rows, settings.draft.num_draft_tokens)
     summary = write_summary(out, meta, rows, plots)
     if args.json:
         print(results.read_text(encoding="utf-8"), end="")
@@ -179,7 +151,9 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="anydraft")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    argv = ["bench", *(argv if argv is not None else sys.argv[1:])]
+    args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except AnydraftError as exc:

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from ..config import DraftConfig, check_method
 from ..errors import AnydraftError
-from ..methods.pairing import DRAFTER_CONTEXT
 from ..models.backends import BACKENDS
+from ..sampling import SamplingParams
 from .bound import best_bound, cost_ratio, per_token_acceptance
 
 
@@ -29,18 +30,11 @@ class BenchSettings:
     drafter_backends: list[str] = field(default_factory=lambda: ["torch"])
     baseline_hf: bool = False
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "float32"
     drafter_dtype: str | None = None
     device: str = "cpu"
-    num_draft_tokens: int = 5  # k, or the largest k when adaptive
-    adaptive: bool = True
-    draft_confidence: float = 0.0
-    drafter_context: int = DRAFTER_CONTEXT  # prompt tokens the drafter reads (0: all)
+    draft: DraftConfig = field(default_factory=DraftConfig)  # its method is unused: `methods`
     repeats: int = 1
     warmup: bool = True
     chat: str = "auto"  # auto | yes | no
@@ -48,26 +42,24 @@ class BenchSettings:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.sampling.greedy
 
     def to_dict(self) -> dict:
+        """Flat, as results.json has always had them (draft and sampling fields inlined)."""
         d = asdict(self)
         d.pop("notes")
+        d |= d.pop("sampling")
+        d |= {k: v for k, v in d.pop("draft").items() if k != "method"}
         return d
 
 
 def parse_methods(text: str, has_drafter: bool) -> list[str]:
     """`ar,sd,...` -> validated list with `ar` first (the baseline every speedup divides by)."""
-    from .. import methods as registry
-
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
         raise AnydraftError("--methods is empty: give e.g. ar,slem,tli,auto")
     for m in names:
-        if m not in registry.METHODS:
-            raise AnydraftError(f"unknown method {m!r} in --methods: choose from {', '.join(registry.METHODS)}")
-        if m in registry.NEEDS_DRAFTER and not has_drafter:
-            raise AnydraftError(f"method {m!r} needs a drafter: pass --drafter MODEL")
+        check_method(m, has_drafter)
     out = ["ar"]
     for m in names:
         if m not in out:
@@ -149,15 +141,10 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     from ..decoder import Decoder
     from ..models.backends import load
     from ..models.loading import load_tokenizer
-    from ..sampling import SamplingParams
 
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
-    params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, settings.min_p,
-                            settings.seed)
-    common = dict(num_draft_tokens=settings.num_draft_tokens, adaptive=settings.adaptive,
-                  draft_confidence=settings.draft_confidence,
-                  drafter_context=settings.drafter_context, dtype=settings.dtype,
-                  device=settings.device)
+    params = settings.sampling
+    common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device)
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)
     settings.chat = "yes" if chat else "no"
@@ -191,7 +178,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
             from .hf_baseline import HFAssisted
 
             hf[name] = HFAssisted(targets["torch"].model, target_tok, drafters[(name, "torch")].model,
-                                  d_tok, settings.num_draft_tokens, sampling=not settings.greedy)
+                                  d_tok, settings.draft.num_draft_tokens, sampling=not settings.greedy)
             if hf[name].skip_reason:
                 settings.notes.append(f"hf baseline skipped for drafter {name}: {hf[name].skip_reason}")
                 hf[name] = None
@@ -219,8 +206,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     for n in settings.notes:
         progress_note(f"note: {n}")
 
-    gen = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-               min_p=settings.min_p, seed=settings.seed, chat=chat)
+    gen = dict(sampling=params, chat=chat)
 
     def run_one(dec, method, baseline, prompt, max_new):
         if baseline is not None:
@@ -311,7 +297,7 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
                      name_of: Callable[[tuple], str], diverge: Callable | None = None) -> list[dict]:
     ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target backend
     hf_stats = {key[1]: _median_run(v)["stats"] for key, v in runs.items() if key[3] == "hf"}
-    k = settings.num_draft_tokens
+    k = settings.draft.num_draft_tokens
     rows = []
     for key, results in runs.items():
         tb, name, db, method = key

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,7 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config import override
 from ..errors import AnydraftError
+from ..sampling import SamplingParams
 from .metrics import Metrics
 from .scheduler import Job, QueueFull, Scheduler, SchedulerClosed
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -33,6 +35,7 @@ log = logging.getLogger("anydraft.server")
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
 ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+OPENAI_SAMPLING = SamplingParams(temperature=1.0)  # what a request leaves out (OpenAI's defaults)
 
 
 @dataclass
@@ -120,6 +123,16 @@ async def parse_body(request: Request, model_cls, max_bytes: int):
         return model_cls.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+
+
+def sampling_of(req) -> SamplingParams:
+    """The request's sampling settings, validated by `SamplingParams` (400 naming the field)."""
+    try:
+        return override(OPENAI_SAMPLING, **req.sampling_fields)
+    except AnydraftError as exc:  # "invalid sampling settings: top_p must be ..."
+        field = str(exc).partition(": ")[2].split(" ", 1)[0]
+        param = field if field in {f.name for f in fields(SamplingParams)} else None
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
 
 
 def _user_error(exc: BaseException, prompt_param: str | None = None) -> ApiError:
@@ -266,13 +279,8 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         if max_tokens is None:
             max_tokens = min(config.default_max_tokens if chat else 16, ctx)
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
-        kwargs = dict(
-            max_new_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,  # OpenAI's default
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0, min_p=req.min_p or 0.0, seed=req.seed, chat=chat,
-            stop=req.stop_list,
-        )
+        kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
+                      stop=req.stop_list)
 
         def work(decoder, job: Job):
             try:

@@ -6,15 +6,16 @@ import argparse
 import ipaddress
 import sys
 
+from ..options import add_draft_options, add_model_options
+
 
 def register(sub) -> None:
     """Add `serve` to the `anydraft` subparsers."""
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, "
                                    "/health and /metrics with speculative decoding.")
-    from ..cli import add_model_options
-
     add_model_options(s)
+    add_draft_options(s)  # the defaults of every request (requests set only the sampling)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback; anything else is reachable by others)")
     s.add_argument("--port", type=int, default=8000)

@@ -27,11 +27,13 @@ class _Sampling(_Strict):
 
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=1_000_000)  # extension (vLLM-style)
-    min_p: float | None = Field(None, ge=0, lt=1)  # extension
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    # sampling: only the types here; `SamplingParams` validates the values (server/app.py),
+    # except for OpenAI's own cap on the temperature
+    temperature: float | None = Field(None, le=2)
+    top_p: float | None = None
+    top_k: int | None = None  # extension (vLLM-style)
+    min_p: float | None = None  # extension
+    seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=128)
     stream: bool = False
@@ -59,6 +61,12 @@ class _Sampling(_Strict):
         if any(len(s) > 1000 for s in stops):
             raise ValueError("stop: a stop sequence may be at most 1000 characters")
         return self
+
+    @property
+    def sampling_fields(self) -> dict:
+        """The `SamplingParams` fields this request sets (None: not set)."""
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    min_p=self.min_p, seed=self.seed)
 
     @property
     def stop_list(self) -> list[str]:

@@ -23,9 +23,9 @@ def test_backend_lists_and_fixed_k_reach_the_settings():
     s = settings_from_args(_args("--drafter", "d", "--target-backend", "torch, llamacpp,torch",
                                  "--drafter-backend", "llamacpp", "--fixed-k"))
     assert s.target_backends == ["torch", "llamacpp"] and s.drafter_backends == ["llamacpp"]
-    assert s.adaptive is False
+    assert s.draft.adaptive is False
     s = settings_from_args(_args())
-    assert s.target_backends == s.drafter_backends == ["torch"] and s.adaptive is True
+    assert s.target_backends == s.drafter_backends == ["torch"] and s.draft.adaptive is True
 
 
 def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, torch_ar_tps=10.0, category="code"):

@@ -81,6 +81,9 @@ CORPUS = [
     ("top_p above one", 400, _chat(top_p=1.5)),
     ("negative seed", 400, _chat(seed=-3)),
     ("seed float", 400, _chat(seed=1.5)),
+    ("seed beyond int64", 400, _chat(seed=2**64)),
+    ("negative top_k", 400, _chat(top_k=-1)),
+    ("min_p one", 400, _chat(min_p=1.0)),
     ("n=2", 400, _chat(n=2)),
     ("stream not bool", 400, _chat(stream="yes")),
     ("stop wrong type", 400, _chat(stop=5)),
@@ -123,6 +126,8 @@ def test_bad_request_gets_4xx_error_object(server, name, status, request_):
 def test_error_params_name_the_field(server):
     r = httpx.post(server.base + CHAT, json=chat_body(max_tokens=-1))
     assert r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(server.base + CHAT, json=chat_body(top_p=0))  # checked by SamplingParams
+    assert r.json()["error"]["param"] == "top_p"
     r = httpx.post(server.base + CHAT, json=chat_body(messages=[{"role": "bot", "content": "x"}]))
     assert r.json()["error"]["param"] == "messages.0.role"
     r = httpx.post(server.base + CHAT, json=chat_body(content="hello " * (CONTEXT + 50)))

@@ -1,0 +1,89 @@
+"""Command line options shared by `anydraft generate`, `bench` and `serve`: the models, and
+options built from the fields of `DraftConfig` and `SamplingParams` (and read back into them).
+
+Each field is one option: ``--field-name`` (or the field's ``flag`` metadata), its default,
+its ``help`` metadata; a bool field is a switch that flips its default (``--fixed-k`` sets
+``adaptive`` to False). The values are validated once, by the dataclass, when they are read
+back. Light at import time: argparse and dataclasses only, so `anydraft --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from .config import DraftConfig
+from .sampling import SamplingParams
+
+_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+
+
+def _add(parser: argparse.ArgumentParser, title: str, defaults, skip: tuple[str, ...]) -> None:
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(defaults):
+        if f.name in skip:
+            continue
+        default = getattr(defaults, f.name)
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        if f.type == "bool":
+            group.add_argument(flag, dest=f.name, action="store_false" if default else "store_true",
+                               help=f.metadata["help"])
+        else:
+            kind = _TYPES[f.type]
+            group.add_argument(flag, dest=f.name, type=kind, default=default,
+                               metavar=kind.__name__.upper(),
+                               help=f.metadata["help"] + " (default: %(default)s)")
+
+
+def _read(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if hasattr(args, f.name)})
+
+
+def add_draft_options(parser: argparse.ArgumentParser, defaults: DraftConfig | None = None,
+                      skip: tuple[str, ...] = ()) -> None:
+    """--method, --num-draft-tokens, --draft-confidence, --fixed-k, --drafter-context
+    (less those whose field is in ``skip``)."""
+    _add(parser, "draft settings", defaults or DraftConfig(), skip)
+
+
+def add_sampling_options(parser: argparse.ArgumentParser,
+                         defaults: SamplingParams | None = None) -> None:
+    """--temperature, --top-k, --top-p, --min-p, --seed."""
+    _add(parser, "sampling settings", defaults or SamplingParams(), ())
+
+
+def draft_config(args: argparse.Namespace) -> DraftConfig:
+    """The `DraftConfig` of parsed options (a skipped field keeps its default)."""
+    return _read(DraftConfig, args)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The `SamplingParams` of parsed options."""
+    return _read(SamplingParams, args)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The target, the drafter, their dtypes and backends (one of each: `anydraft bench` takes
+    lists and has its own)."""
+    parser.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
+    parser.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 (target)")
+    parser.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
+    parser.add_argument("--target-backend", default="torch", choices=("torch", "llamacpp"),
+                        help="torch (transformers, --dtype) or llamacpp (the GGUF as it is, quantized)")
+    parser.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
+                        help="default: same as --target-backend")
+
+
+def progress(msg: str) -> None:
+    """Loading progress and run summaries: on stderr, so stdout holds only the output."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def decoder_options(args: argparse.Namespace) -> dict:
+    """`Decoder` keyword arguments from `add_model_options` and `add_draft_options`."""
+    return dict(target=args.target, drafter=args.drafter, dtype=args.dtype,
+                drafter_dtype=args.drafter_dtype, backend=args.target_backend,
+                drafter_backend=args.drafter_backend, draft=draft_config(args), progress=progress)
