@@ -30,6 +30,14 @@ def real_model():
     return get
 
 
+@pytest.fixture(scope="session")
+def toys():
+    """The toy target/drafter pair of tests/methods/toys.py, built once per session."""
+    from tests.methods.toys import Toys
+
+    return Toys()
+
+
 def require_llamacpp() -> None:
     """Skip when llama-cpp-python is not installed, unless CI demands every model."""
     try:

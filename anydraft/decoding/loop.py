@@ -1,11 +1,11 @@
 """The one decoding loop every method plugs into.
 
-A method is an object with ``name``, ``start(state)`` and
-``step(state) -> (tokens, n_accepted)``: each step commits one or more target tokens, the
-first ``n_accepted`` of them accepted drafts, exactly as plain sampling from the target's processed
-distribution would have produced them (that is each method's lossless contract). Plain
-autoregressive decoding is the method that proposes nothing. The loop owns stopping
-(max_new_tokens, every EOS id, stop strings, context window) and the statistics.
+A method is an object with ``name`` and ``start(state) -> Row`` (methods/row.py: the
+sequence's proposers, drafter and policy). The loop runs `step.step` until a stop condition:
+each step commits one or more target tokens, exactly as plain sampling from the target's
+processed distribution would have produced them. Plain autoregressive decoding is the method
+that proposes nothing. The loop owns stopping (max_new_tokens, every EOS id, stop strings,
+context window), streaming and the statistics.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from ..models.session import Session
 from ..sampling import SamplingParams
 from .stats import Stats
+from .step import step
 from .text import TextAssembler
 
 
@@ -76,14 +77,14 @@ def decode(
     stats.method = method.name
     stats.prompt_tokens = len(state.committed)
     start = time.perf_counter()
-    method.start(state)
+    row = method.start(state)
     generated = 0
     while generated < max_new_tokens:
         if len(state.committed) >= state.target.max_length:
             finish.reason = "context"
             break
         state.budget = max_new_tokens - generated
-        new, n_accepted = method.step(state)
+        new, n_accepted = step([row])[0]
         assert new, f"method {method.name} committed nothing"
         kept = []
         for token in new[: max_new_tokens - generated]:

@@ -1,4 +1,4 @@
-"""Decoding methods, one file each. A method = a proposer + a verifier (see decoding/loop.py)."""
+"""Decoding methods, one proposer per file; decoding/step.py runs one step of any of them."""
 
 from __future__ import annotations
 
@@ -6,23 +6,11 @@ from ..errors import AnydraftError
 from .ar import Autoregressive
 from .lookup import PromptLookup
 from .pairing import Pairing
-from .policy import Costs
+from .policy import Estimates
 from .sd import SpeculativeSampling
 from .slem import StringLevelExactMatch
 from .slrs import StringLevelRejectionSampling
 from .tli import TokenLevelIntersection
-
-METHODS = ("ar", "lookup", "sd", "slem", "tli", "slrs", "auto")
-NEEDS_DRAFTER = ("sd", "slem", "tli", "slrs")
-
-
-def check(name: str, has_drafter: bool) -> str:
-    """Validate a method name against the configuration; clear error naming the fix."""
-    if name not in METHODS:
-        raise AnydraftError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}")
-    if name in NEEDS_DRAFTER and not has_drafter:
-        raise AnydraftError(f"method {name!r} needs a drafter model: pass drafter=... (CLI: --drafter)")
-    return name
 
 
 def auto_candidates(pairing: Pairing | None, greedy: bool) -> tuple[str, ...]:
@@ -54,23 +42,21 @@ def factory(decoder):
     """A function (method name, sampling params, new tokens wanted) -> fresh method object
     for ``decoder``."""
     pairing = Pairing.of(decoder) if decoder.drafter is not None else None
-    # prompt lookup's estimates, like the pairing's, outlive one generation
-    costs = pairing.costs if pairing is not None else Costs()
-    lookup_acceptance: dict = {}
-
-    def lookup(inner=None):
-        return PromptLookup(costs, lookup_acceptance, decoder.num_draft_tokens, decoder.adaptive, inner)
+    draft = decoder.draft
+    # what copies earn, like what the pair's drafts earn, outlives one generation
+    estimates = pairing.estimates if pairing is not None else Estimates()
 
     def make(name: str, params, budget: int = 128):
         if name == "auto":
             # adaptive: the copy proposer joins (and alone, falls back to plain steps itself)
             name = choose_auto(pairing, params.greedy, budget)
-            if decoder.adaptive:
-                return lookup(None if name == "ar" else make(name, params))
+            if draft.adaptive:
+                inner = None if name == "ar" else make(name, params)
+                return PromptLookup(draft.num_draft_tokens, True, inner, estimates)
         if name == "ar":
             return Autoregressive()
         if name == "lookup":
-            return lookup()
+            return PromptLookup(draft.num_draft_tokens, draft.adaptive, None, estimates)
         if name == "sd" and not pairing.same_tokenizer:
             raise AnydraftError(
                 "method 'sd' needs a drafter that shares the target's tokenizer, and these two "
@@ -78,6 +64,6 @@ def factory(decoder):
         return {"sd": SpeculativeSampling, "slem": StringLevelExactMatch,
                 "tli": TokenLevelIntersection, "slrs": StringLevelRejectionSampling}[name](pairing)
 
-    if decoder.method == "sd":
+    if draft.method == "sd":
         make("sd", None)  # fail at construction, not at the first generate
     return make

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from .policy import Estimates, Policy
+from .row import Row
+
 
 class Autoregressive:
     name = "ar"
 
-    def start(self, state) -> None:
-        pass
-
-    def step(self, state) -> tuple[list[int], int]:
-        logits = state.score()
-        return [state.params.choose(logits[-1], state.generator)], 0
+    def start(self, state) -> Row:
+        return Row(state, Policy(0, False, Estimates(), state.params.greedy))

@@ -2,9 +2,9 @@
 
 The drafter always reads the committed text in ITS OWN tokens (``ids``). Its session holds
 a prefix of ``ids`` followed by the draft tokens of the last step. After the target commits,
-`sync_text` (cross-vocabulary: through the bridge, by bytes) or `sync_ids` (same vocabulary)
-keeps the still-valid prefix of the cache, crops the rest and queues the tokens to feed. The
-whole sequence is never re-fed.
+`commit` (cross-vocabulary: through the bridge, by bytes; same vocabulary: by ids) keeps the
+still-valid prefix of the cache, crops the rest and queues the tokens to feed. The whole
+sequence is never re-fed. The decoding step (decoding/step.py) calls `propose` and `commit`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,12 @@ class Drafter:
 
     def propose(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
                 greedy: bool, generator: torch.Generator, confidence: float,
-                stop_ids: frozenset[int] = frozenset()) -> tuple[list[int], list[torch.Tensor]]:
+                stop_ids: frozenset[int] = frozenset(), read: int = 0,
+                ) -> tuple[list[int], list[torch.Tensor]]:
         """Draft up to ``k`` tokens; return them and the distribution each was drawn from.
+
+        Before drafting, a backlog longer than ``read`` tokens (0: the drafter's context) is
+        cut to its last ``read`` (`trim`).
 
         ``to_probs`` turns drafter logits into the proposal distribution (``None``: nothing
         can be proposed here). Greedy drafting takes the argmax of that distribution.
@@ -47,7 +51,7 @@ class Drafter:
             if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
             if k:
-                self.trim(self.context)
+                self.trim(read or self.context)
             k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
             feed = self.ids[len(self.session):]
             self.caught_up = len(feed) if k else 0
@@ -85,9 +89,13 @@ class Drafter:
             return self.context + max(0, self.head - len(self.session))
         return len(self.ids) - len(self.session)
 
-    def sync_ids(self, n_keep: int, new_ids: list[int]) -> None:
-        """Same vocabulary: the first ``n_keep`` drafts were committed, then ``new_ids``."""
-        self._commit(n_keep, new_ids)
+    def commit(self, new: list[int], kept: int) -> None:
+        """The target committed ``new`` (target ids), the first ``kept`` of them this drafter's
+        own drafts (same vocabulary; 0 when another proposer drafted): read them."""
+        if self.target_table is None:
+            self._commit(kept, new[kept:])
+        else:
+            self.sync_text(self.target_table.decode_bytes(new))
 
     def sync_text(self, new_bytes: bytes) -> None:
         """Cross vocabulary: ``new_bytes`` were committed after the text of ``ids``."""
@@ -103,13 +111,6 @@ class Drafter:
                     for c in new_bytes.decode("utf-8", errors="replace"))
                 n_keep, feed = resync(self.table, self.ids, self.drafts, spellable.encode())
         self._commit(n_keep, feed)
-
-    def follow(self, new: list[int]) -> None:
-        """Target tokens committed without this drafter's drafts (another proposer's): read them."""
-        if self.target_table is None:
-            self.sync_ids(0, new)
-        else:
-            self.sync_text(self.target_table.decode_bytes(new))
 
     def _commit(self, n_keep: int, feed: list[int]) -> None:
         base = len(self.ids)

@@ -21,8 +21,9 @@ the step's own random draws, so the mixture is as exact as each part.
 
 from __future__ import annotations
 
-from .policy import Acceptance, Costs, DraftPlan
-from .verify import verify_exact
+from .policy import Estimates, Policy
+from .row import Row
+from .verify import Proposal, verify_exact
 
 MIN_NGRAM, MAX_NGRAM = 1, 4
 
@@ -52,48 +53,32 @@ class NgramIndex:
 
 
 class PromptLookup:
-    """Drafts by copying; with ``inner`` (a drafter-based method), the better proposer per step."""
+    """Drafts by copying; with ``inner`` (a drafter-based method), the policy takes the better
+    proposer per step. ``estimates``: what copies earned, kept per decoder."""
 
-    def __init__(self, costs: Costs, acceptance: dict, max_k: int, adaptive: bool, inner=None):
-        self.costs, self.acceptance = costs, acceptance  # kept per decoder: (greedy, n) -> Acceptance
+    def __init__(self, max_k: int, adaptive: bool, inner=None, estimates: Estimates | None = None):
         self.max_k, self.adaptive, self.inner = max_k, adaptive, inner
+        self.estimates = estimates if estimates is not None else Estimates()
         self.name = "lookup" if inner is None else f"{inner.name}+lookup"
+        self.index = NgramIndex()  # one generation's
+        self.copy: list[int] = []
 
-    def start(self, state) -> None:
-        self.index = NgramIndex()
-        self.plan = DraftPlan(self.max_k, self.adaptive, self.costs, Acceptance(), free=True)
-        if self.inner is not None:
-            self.inner.start(state)
+    def start(self, state) -> Row:
+        if self.inner is None:
+            row = Row(state, Policy(self.max_k, self.adaptive, self.estimates, state.params.greedy))
+        else:
+            row = self.inner.start(state)
+        row.copying, row.policy.copies = self, True
+        return row
 
-    def step(self, state) -> tuple[list[int], int]:
-        n, copy = self.index.match(state.committed, self.max_k)
-        plan = self.plan
-        plan.acc = self.acceptance.setdefault((state.params.greedy, n), Acceptance())
-        if self.inner is not None and not self._copy_wins(state, n):
-            return self.inner.step(state)
-        candidates = copy[: plan.k(state)]
-        logits = state.score(candidates)
-        accepted, token = verify_exact(logits, candidates, state.params, state.generator)
-        plan.close(state, candidates, accepted)
-        new = candidates[:accepted] + [token]
-        if self.inner is not None:
-            self.inner.drafter.follow(new)
-        return new, accepted
+    def match(self, committed: list[int]) -> int:
+        """How many tokens of the committed text's end matched earlier text (0: none); the
+        tokens that followed that match are the next proposal."""
+        n, self.copy = self.index.match(committed, self.max_k)
+        return n
 
-    def _copy_wins(self, state, n: int) -> bool:
-        """A match, and more expected tokens per second from it than from the drafter. A step
-        the drafter sits out for a copy while its own best is a plain step counts towards its
-        next probe (`DraftPlan.probe_due`), and a due probe runs the drafter instead."""
-        if not n:
-            return False
-        inner = self.inner.plan
-        behind = inner.behind()
-        k, drafter_rate = inner.best(state.budget, behind)
-        _, copy_rate = self.plan.best(state.budget)
-        if None in (drafter_rate, copy_rate) or copy_rate <= drafter_rate:
-            return False
-        if not k:
-            if inner.probe_due(behind):
-                return False
-            inner.acc.idle += 1
-        return True
+    def propose(self, state, drafter, k: int, read: int) -> Proposal:
+        return Proposal(self.copy[:k])
+
+    def verify(self, state, proposal: Proposal, logits) -> tuple[int, int]:
+        return verify_exact(logits, proposal.candidates, state.params, state.generator)

@@ -8,19 +8,13 @@ from dataclasses import dataclass, field
 
 from ..bridge import same_tokenizer, token_table
 from ..bridge.intersection import intersect
+from ..config import DRAFTER_CONTEXT
 from ..models.session import Session
 from .drafter import Drafter
-from .policy import Acceptance, Costs, DraftPlan
+from .policy import Estimates, Policy, best
+from .row import Row
 
 TRIAL_STEPS = 24  # drafting steps of each candidate method before `fastest` compares them
-# prompt tokens the drafter reads by default: on long prompts (summaries, RAG) llama.cpp's slow
-# prompt reading kept the drafter idle; with 64 auto measured 1.31x vs 1.23x (t=0) and 1.21x vs
-# 1.13x (t=1) over AR there, and no loss on short prompts (benchmarks/results/2026-11-30-context*).
-# 16 was measured too: it helps a cheap target (Qwen-0.5B <- SmolLM2, 13 categories: 1.39x vs
-# 1.32x pooled) but costs the main pair acceptance (Qwen-1.5B <- SmolLM2: a 0.58 vs 0.63, 1.67x
-# vs 1.78x pooled; `*context16*`, `context64-again*`), so probes read 16 (`PROBE_CONTEXT`), and
-# adaptive drafts read what one target step costs (`DraftPlan.window`), 16 to this context
-DRAFTER_CONTEXT = 64
 
 
 @dataclass
@@ -34,9 +28,8 @@ class Pairing:
     num_draft_tokens: int = 5  # k, or the largest k adaptive drafting may choose
     confidence: float = 0.0
     adaptive: bool = False
-    drafter_context: int = DRAFTER_CONTEXT  # prompt tokens (the drafter's) it reads; 0: all
-    costs: Costs = field(default_factory=Costs)
-    acceptance: dict = field(default_factory=dict)  # (method, greedy) -> Acceptance
+    drafter_context: int = DRAFTER_CONTEXT  # backlog tokens (the drafter's) it reads; 0: all
+    estimates: Estimates = field(default_factory=Estimates)  # what the pair's steps cost and earn
 
     @classmethod
     def of(cls, decoder) -> Pairing:
@@ -44,11 +37,12 @@ class Pairing:
         tok = drafter.tokenizer
         bos = tok.bos_token_id
         probe = tok.encode("x", add_special_tokens=True)
+        draft = decoder.draft
         return cls(decoder.table, token_table(tok), decoder.target.logits_width,
                    drafter.logits_width, drafter.new_session,
                    [bos] if bos is not None and probe[:1] == [bos] else [],
-                   decoder.num_draft_tokens, decoder.draft_confidence, decoder.adaptive,
-                   decoder.drafter_context)
+                   draft.num_draft_tokens, draft.draft_confidence, draft.adaptive,
+                   draft.drafter_context)
 
     @functools.cached_property
     def same_tokenizer(self) -> bool:
@@ -64,7 +58,7 @@ class Pairing:
 
         With ``drafter_context`` > 0 it reads only the prompt's last ``drafter_context`` tokens
         (after its BOS, if any), and later backlogs likewise (`Drafter.propose`; adaptive
-        drafting may read fewer: `DraftPlan.window`): a long prompt costs the drafter less to
+        drafting may read fewer: `policy.read_size`): a long prompt costs the drafter less to
         read (llama.cpp reads ~3 ms a token here) for a slightly worse-informed draft.
         Lossless like any proposal."""
         prompt = list(state.committed)
@@ -77,10 +71,13 @@ class Pairing:
         return Drafter(self.new_drafter_session(), self.drafter_table, head + body, state.stats,
                        None if same_ids else self.target_table, len(head), self.drafter_context)
 
-    def plan(self, method: str, greedy: bool, drafter: Drafter) -> DraftPlan:
-        """The draft-length plan of one generation (adaptive estimates are kept per pair)."""
-        acceptance = self.acceptance.setdefault((method, greedy), Acceptance())
-        return DraftPlan(self.num_draft_tokens, self.adaptive, self.costs, acceptance, drafter)
+    def start(self, state, proposer) -> Row:
+        """One generation of a drafter method: its drafter, reading the prompt, and its policy
+        (adaptive estimates are kept per pair, per method and greedy or not)."""
+        greedy = state.params.greedy
+        policy = Policy(self.num_draft_tokens, self.adaptive, self.estimates, greedy,
+                        self.estimates.of(proposer.name, greedy), context=self.drafter_context)
+        return Row(state, policy, proposer, self.new_drafter(state, proposer.same_ids))
 
     def fastest(self, candidates: tuple[str, ...], greedy: bool, budget: int) -> str:
         """The method expected to commit the most tokens per second on this pair, from what its
@@ -88,10 +85,10 @@ class Pairing:
         steps is tried first, in the order given (put the usual best first)."""
         rates = {}
         for method in candidates:
-            acceptance = self.acceptance.get((method, greedy))
+            acceptance = self.estimates.acceptance.get((method, greedy))
             if acceptance is None or acceptance.steps < TRIAL_STEPS:
                 return method
-            rates[method] = DraftPlan(self.num_draft_tokens, True, self.costs, acceptance).best(budget)[1]
+            rates[method] = best(self.num_draft_tokens, self.estimates.costs, acceptance, budget=budget)[1]
         if None in rates.values():
             return candidates[0]
         return max(candidates, key=rates.get)

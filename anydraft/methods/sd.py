@@ -9,35 +9,34 @@ from __future__ import annotations
 import torch
 
 from .pairing import Pairing
-from .verify import verify_exact, verify_rejection
+from .row import Row
+from .verify import Proposal, verify_exact, verify_rejection
 
 
 class SpeculativeSampling:
     name = "sd"
+    same_ids = True  # the drafter reads the target's own ids
 
     def __init__(self, pairing: Pairing):
         self.pairing = pairing
 
-    def start(self, state) -> None:
-        self.drafter = self.pairing.new_drafter(state, same_ids=True)
-        self.plan = self.pairing.plan(self.name, state.params.greedy, self.drafter)
+    def start(self, state) -> Row:
+        return self.pairing.start(state, self)
 
-    def step(self, state) -> tuple[list[int], int]:
+    def propose(self, state, drafter, k: int, read: int) -> Proposal:
         params, width = state.params, self.pairing.target_vocab_size
         # padded vocabularies may differ in width: propose only ids the target has
-        drafts, qs = self.drafter.propose(
-            self.plan.k(state),
-            lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
-            self.pairing.confidence, self.pairing.target_table.eos_ids)
-        logits = state.score(drafts)
+        drafts, qs = drafter.propose(
+            k, lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
+            self.pairing.confidence, self.pairing.target_table.eos_ids, read)
+        return Proposal(drafts, qs)
+
+    def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:
+        params, drafts = state.params, proposal.candidates
         if params.greedy:
-            n, token = verify_exact(logits, drafts, params, state.generator)
-        else:
-            p = params.probs(logits)
-            q = torch.zeros(len(drafts), width, dtype=p.dtype)
-            for i, dist in enumerate(qs):
-                q[i, : dist.shape[0]] = dist
-            n, token = verify_rejection(p, q, drafts, state.generator)
-        self.plan.close(state, drafts, n)
-        self.drafter.sync_ids(n, [token])
-        return drafts[:n] + [token], n
+            return verify_exact(logits, drafts, params, state.generator)
+        p = params.probs(logits)
+        q = torch.zeros(len(drafts), self.pairing.target_vocab_size, dtype=p.dtype)
+        for i, dist in enumerate(proposal.qs):
+            q[i, : dist.shape[0]] = dist
+        return verify_rejection(p, q, drafts, state.generator)

@@ -9,41 +9,40 @@ target's own sample), which makes the method lossless for greedy decoding and sa
 
 from __future__ import annotations
 
+import torch
+
 from ..bridge.translate import continue_tokens
 from .pairing import Pairing
 from .policy import room
-from .verify import verify_exact
+from .row import Row
+from .verify import Proposal, verify_exact
 
 
 class StringLevelExactMatch:
     name = "slem"
+    same_ids = False  # the drafter reads the committed text in its own tokens
 
     def __init__(self, pairing: Pairing):
         self.pairing = pairing
 
-    def start(self, state) -> None:
-        self.drafter = self.pairing.new_drafter(state, same_ids=False)
-        self.plan = self.pairing.plan(self.name, state.params.greedy, self.drafter)
+    def start(self, state) -> Row:
+        return self.pairing.start(state, self)
 
-    def step(self, state) -> tuple[list[int], int]:
+    def propose(self, state, drafter, k: int, read: int) -> Proposal:
         pairing, params = self.pairing, state.params
         dtable, ttable = pairing.drafter_table, pairing.target_table
-        drafts, _ = self.drafter.propose(
-            self.plan.k(state), params.probs, params.greedy, state.generator,
-            pairing.confidence, dtable.eos_ids)
+        drafts, qs = drafter.propose(k, params.probs, params.greedy, state.generator,
+                                     pairing.confidence, dtable.eos_ids, read)
         ends = bool(drafts) and drafts[-1] in dtable.eos_ids
         with state.stats.timed("translate"):
             text = dtable.decode_bytes(drafts[:-1] if ends else drafts)
             candidates = continue_tokens(ttable, state.committed, text)
             if ends:
                 candidates.append(ttable.eos_id)
-            candidates = candidates[: room(state)]
         # The last candidate may be a prefix of a longer target token (the draft ended
         # mid-word). Keeping it costs nothing: if the target disagrees, its own token is
-        # emitted at that position anyway (bridge.stable_prefix_len is not needed here).
-        logits = state.score(candidates)
-        n, token = verify_exact(logits, candidates, params, state.generator)
-        self.plan.close(state, candidates, n)
-        new = candidates[:n] + [token]
-        self.drafter.sync_text(ttable.decode_bytes(new))
-        return new, n
+        # emitted at that position anyway.
+        return Proposal(candidates[: room(state)], qs, drafts)
+
+    def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:
+        return verify_exact(logits, proposal.candidates, state.params, state.generator)

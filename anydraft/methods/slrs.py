@@ -62,7 +62,7 @@ from ..sampling import bernoulli, sample
 from .pairing import Pairing
 from .policy import room
 from .slem import StringLevelExactMatch
-from .verify import sample_residual
+from .verify import Proposal, sample_residual
 
 END, EOS, SPECIAL, NOMATCH = 256, 257, 258, 259
 OUTCOMES = 260
@@ -140,20 +140,24 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
         self.target_trie = _trie(pairing.target_table)
         self.drafter_trie = _trie(pairing.drafter_table)
 
-    def step(self, state) -> tuple[list[int], int]:
+    def propose(self, state, drafter, k: int, read: int) -> Proposal:
         if state.params.greedy:
-            return super().step(state)
-        pairing, params, gen = self.pairing, state.params, state.generator
-        drafts, qs = self.drafter.propose(self.plan.k(state), params.probs, False, gen,
-                                          pairing.confidence, pairing.drafter_table.eos_ids)
+            return super().propose(state, drafter, k, read)
+        pairing, params = self.pairing, state.params
+        drafts, qs = drafter.propose(k, params.probs, False, state.generator,
+                                     pairing.confidence, pairing.drafter_table.eos_ids, read)
         with state.stats.timed("translate"):
             candidates = self._munch(drafts)[: room(state)]
-        logits = state.score(candidates)
+        return Proposal(candidates, qs, drafts)
+
+    def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:
+        if state.params.greedy:
+            return super().verify(state, proposal, logits)
         with state.stats.timed("translate"):
-            new, n = self._walk(drafts, qs, candidates, params.probs(logits), gen)
-        self.plan.close(state, candidates, n)
-        self.drafter.sync_text(pairing.target_table.decode_bytes(new))
-        return new, n
+            new, n = self._walk(proposal.drafts, proposal.qs, proposal.candidates,
+                                state.params.probs(logits), state.generator)
+        assert new[:n] == proposal.candidates[:n] and len(new) == n + 1
+        return n, new[-1]
 
     # -- the drafted string as proposal events ---------------------------------------------
     def _proposals(self, drafts, qs):

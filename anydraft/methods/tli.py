@@ -7,28 +7,33 @@ the true proposal, so plain speculative sampling over the target's vocabulary is
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ..errors import AnydraftError
 from .pairing import Pairing
-from .verify import verify_exact, verify_rejection
+from .row import Row
+from .verify import Proposal, verify_exact, verify_rejection
 
 
 class TokenLevelIntersection:
     name = "tli"
+    same_ids = False
 
     def __init__(self, pairing: Pairing):
         self.pairing = pairing
-
-    def start(self, state) -> None:
-        self.drafter = self.pairing.new_drafter(state, same_ids=False)
-        self.plan = self.pairing.plan(self.name, state.params.greedy, self.drafter)
-        self.map = self.pairing.intersection
         if self.map.size == 0:
             raise AnydraftError("these two tokenizers share no token: use method 'slem' or 'slrs'")
-        self.mapped = self.map.drafter_mask.nonzero().flatten()  # drafter ids inside the map
+
+    @functools.cached_property
+    def map(self):
+        return self.pairing.intersection
+
+    @functools.cached_property
+    def mapped(self) -> torch.Tensor:
+        return self.map.drafter_mask.nonzero().flatten()  # drafter ids inside the map
 
     def _restricted(self, params):
         mask = self.map.drafter_mask
@@ -39,24 +44,24 @@ class TokenLevelIntersection:
 
         return to_probs
 
-    def step(self, state) -> tuple[list[int], int]:
+    def start(self, state) -> Row:
+        return self.pairing.start(state, self)
+
+    def propose(self, state, drafter, k: int, read: int) -> Proposal:
         pairing, params = self.pairing, state.params
-        drafts, qs = self.drafter.propose(
-            self.plan.k(state), self._restricted(params), params.greedy,
-            state.generator, pairing.confidence, pairing.drafter_table.eos_ids)
+        drafts, qs = drafter.propose(k, self._restricted(params), params.greedy, state.generator,
+                                     pairing.confidence, pairing.drafter_table.eos_ids, read)
         with state.stats.timed("translate"):
-            to_target = self.map.drafter_to_target
-            candidates = [int(to_target[d]) for d in drafts]
-        logits = state.score(candidates)
+            candidates = [int(self.map.drafter_to_target[d]) for d in drafts]
+        return Proposal(candidates, qs, drafts)
+
+    def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:
+        params, candidates = state.params, proposal.candidates
         if params.greedy:
-            n, token = verify_exact(logits, candidates, params, state.generator)
-        else:
-            p = params.probs(logits)
-            q = torch.zeros(len(drafts), pairing.target_vocab_size, dtype=p.dtype)
-            for i, dist in enumerate(qs):
-                q[i].index_add_(0, to_target[self.mapped], dist[self.mapped].to(p.dtype))
-            n, token = verify_rejection(p, q, candidates, state.generator)
-        self.plan.close(state, candidates, n)
-        new = candidates[:n] + [token]
-        self.drafter.sync_text(pairing.target_table.decode_bytes(new))
-        return new, n
+            return verify_exact(logits, candidates, params, state.generator)
+        p = params.probs(logits)
+        to_target = self.map.drafter_to_target[self.mapped]
+        q = torch.zeros(len(candidates), self.pairing.target_vocab_size, dtype=p.dtype)
+        for i, dist in enumerate(proposal.qs):
+            q[i].index_add_(0, to_target, dist[self.mapped].to(p.dtype))
+        return verify_rejection(p, q, candidates, state.generator)

@@ -1,4 +1,4 @@
-"""The two verifiers every speculative method shares.
+"""The `Proposal` a method makes, and the two verifiers every speculative method shares.
 
 Both take the target's logits for ``len(candidates) + 1`` positions (row i = next-token logits
 after the committed text and the first i candidates) and return ``(n_accepted, next_token)``:
@@ -9,10 +9,22 @@ first rejection, or the bonus token when everything was accepted).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..sampling import SamplingParams, bernoulli, sample
+
+
+@dataclass
+class Proposal:
+    """What a proposer offers the target: ``candidates`` (target ids, scored in one call),
+    and for verifiers that need them the drafter's ``drafts`` (its own ids) and ``qs`` (the
+    distribution each draft was drawn from)."""
+
+    candidates: list[int]
+    qs: list[torch.Tensor] = ()
+    drafts: list[int] = ()
 
 
 def verify_exact(logits: torch.Tensor, candidates: Sequence[int], params: SamplingParams,

@@ -5,9 +5,8 @@ import pytest
 from anydraft import AnydraftError, Decoder
 from anydraft.methods import choose_auto
 from anydraft.methods.pairing import TRIAL_STEPS
-from anydraft.methods.policy import Acceptance, _Mean
+from anydraft.methods.policy import Mean
 from tests.helpers import byte_tokenizer, tiny_llama
-from tests.methods.toys import Toys
 
 
 class FakePairing:
@@ -24,15 +23,15 @@ def test_auto_picks_sd_for_same_tokenizer_else_slem_greedy_tli_sampling():
 
 
 def measured(pairing, method, greedy, a, steps=TRIAL_STEPS, overhead=0.0):
-    acc = pairing.acceptance.setdefault((method, greedy), Acceptance())
-    acc.positions, acc.steps, acc.overhead = [_Mean(a)], steps, _Mean(overhead)
+    acc = pairing.estimates.of(method, greedy)
+    acc.positions, acc.steps, acc.overhead = [Mean(a)], steps, Mean(overhead)
 
 
-def test_adaptive_auto_tries_each_candidate_then_keeps_the_fastest():
-    pairing = Toys().pairing()
+def test_adaptive_auto_tries_each_candidate_then_keeps_the_fastest(toys):
+    pairing = toys.pairing()
     pairing.adaptive = True
-    pairing.costs.target = {1: _Mean(0.1), 6: _Mean(0.11)}
-    pairing.costs.draft = _Mean(0.01)
+    pairing.estimates.costs.target = {1: Mean(0.1), 6: Mean(0.11)}
+    pairing.estimates.costs.draft = Mean(0.01)
     assert choose_auto(pairing, greedy=False) == "tli"  # nothing measured: the usual best first
     measured(pairing, "tli", False, 0.3)
     assert choose_auto(pairing, greedy=False) == "slrs"  # then the next one gets its trial
@@ -45,13 +44,11 @@ def test_adaptive_auto_tries_each_candidate_then_keeps_the_fastest():
     assert choose_auto(pairing, greedy=True) == "slem"  # greedy is measured on its own
 
 
-def test_toy_pairing_detects_different_tokenizers():
-    toys = Toys()
+def test_toy_pairing_detects_different_tokenizers(toys):
     assert not toys.pairing().same_tokenizer
 
 
-def test_sd_with_different_tokenizers_is_a_clear_error():
-    toys = Toys()
+def test_sd_with_different_tokenizers_is_a_clear_error(toys):
     tok = byte_tokenizer()
     with pytest.raises(AnydraftError, match="sd.*tokenizer.*slem"):
         Decoder(target=tiny_llama(len(tok)), tokenizer=tok, drafter=tiny_llama(len(toys.target_tok) + 1),

@@ -10,7 +10,7 @@ from anydraft.methods import (
     TokenLevelIntersection,
 )
 from anydraft.methods.ar import Autoregressive
-from tests.methods.toys import Toys, params
+from tests.methods.toys import params
 
 PROMPT = [1]  # "a"
 MAX_NEW = 3  # 2 draft tokens, then the target's own: up to 3 tokens per step
@@ -19,11 +19,6 @@ MAX_NEW = 3  # 2 draft tokens, then the target's own: up to 3 tokens per step
 def max_new(settings):
     """Untruncated sampling branches on every token: one token fewer keeps it to seconds."""
     return MAX_NEW - 1 if settings == dict(temperature=1.0) else MAX_NEW
-
-
-@pytest.fixture(scope="module")
-def toys():
-    return Toys()
 
 
 def assert_same_distribution(got: dict, want: dict):
@@ -124,14 +119,14 @@ def test_a_drafter_behind_by_more_than_its_context_reads_only_the_end():
     assert drafter.behind == 3  # BOS + the last 2
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[0] == [9, 2, 3]
-    drafter.sync_ids(1, [0])  # a short backlog after the draft was kept
+    drafter.commit([1, 0], 1)  # a short backlog after the draft was kept
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[-1] == [1, 0] and session.cache == [9, 2, 3, 1, 0]
-    drafter.sync_ids(0, [3, 3, 2, 2, 1])  # plain steps committed 5 tokens it did not draft
+    drafter.commit([3, 3, 2, 2, 1], 0)  # plain steps committed 5 tokens it did not draft
     assert drafter.behind == 2  # the head is still in the cache
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[-1] == [2, 1] and session.cache == [9, 2, 1] and drafter.ids == [9, 2, 1]
-    drafter.sync_ids(0, [3, 3, 2])
+    drafter.commit([3, 3, 2], 0)
     drafter.trim(1)  # a probe's shorter read
     drafter.propose(1, lambda logits: torch.tensor([0.0, 1.0, 0, 0]), True, None, 0.0)
     assert session.fed[-1] == [2] and session.cache == [9, 2] and drafter.ids == [9, 2]

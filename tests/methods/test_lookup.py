@@ -7,9 +7,18 @@ import pytest
 
 from anydraft.methods import StringLevelExactMatch, TokenLevelIntersection
 from anydraft.methods.lookup import MAX_NGRAM, MIN_NGRAM, NgramIndex, PromptLookup
-from anydraft.methods.policy import PROBE_SHARE, Acceptance, Costs, DraftPlan, _Mean
+from anydraft.methods.policy import (
+    PROBE_SHARE,
+    Acceptance,
+    Costs,
+    Estimates,
+    Mean,
+    Measured,
+    Policy,
+    best,
+)
 from tests.methods.test_exhaustive import SETTINGS, assert_same_distribution, max_new
-from tests.methods.toys import Toys, params
+from tests.methods.toys import params
 
 
 def brute_force_match(tokens, limit):
@@ -42,17 +51,17 @@ def test_index_is_incremental_and_agrees_with_brute_force():
 
 def test_free_drafts_pay_on_a_flat_target_curve_and_not_on_a_steep_one():
     """Copies cost no drafter pass: only the target's extra scoring counts."""
-    def plan(target, a):
+    def best_copy(target, a):
         c = Costs()
-        c.target = {n: _Mean(s) for n, s in target.items()}
-        c.draft = _Mean(10.0)  # the drafter's cost must not count against copies
+        c.target = {n: Mean(s) for n, s in target.items()}
+        c.draft = Mean(10.0)  # the drafter's cost must not count against copies
         acc = Acceptance()
-        acc.positions = [_Mean(a)]
-        return DraftPlan(5, True, c, acc, free=True)
+        acc.positions = [Mean(a)]
+        return best(5, c, acc, free=True)
 
-    assert plan({1: 0.1, 6: 0.11}, 0.8).best()[0] == 5  # PyTorch bf16
-    assert plan({1: 0.03, 6: 0.18}, 0.3).best()[0] == 0  # llama.cpp: n tokens cost n steps
-    k, rate = plan({1: 0.1, 6: 0.11}, 0.8).best()
+    assert best_copy({1: 0.1, 6: 0.11}, 0.8)[0] == 5  # a flat curve
+    assert best_copy({1: 0.03, 6: 0.18}, 0.3)[0] == 0  # n tokens cost n steps
+    k, rate = best_copy({1: 0.1, 6: 0.11}, 0.8)
     assert (k, rate) == (5, pytest.approx((1 + sum(0.8 ** i for i in range(1, 6))) / 0.11))
 
 
@@ -60,24 +69,29 @@ def test_copies_beating_an_idle_drafter_still_let_it_probe():
     """A drafter whose estimates say "plain step" loses every step to copies that beat a plain
     step; those steps count towards its probes, or it would never run again (a floor rerun lost
     its drafter for three whole requests that way)."""
-    import types
-
-    from tests.methods.test_policy import FakeState
+    from tests.methods.test_policy import FakeDrafter, FakeState
 
     c = Costs()
-    c.target = {1: _Mean(0.2), 6: _Mean(0.21)}
-    c.draft = _Mean(0.02)
-    drafter_acc, copy_acc = Acceptance(), Acceptance()
-    drafter_acc.positions, copy_acc.positions = [_Mean(0.0)], [_Mean(0.3)]
-    inner = types.SimpleNamespace(name="sd", plan=DraftPlan(5, True, c, drafter_acc))
-    inner.plan.steps = 2
-    lookup = PromptLookup(c, {}, 5, True, inner)
-    lookup.plan = DraftPlan(5, True, c, copy_acc, free=True)
-    state = FakeState()
-    steps = ["copy" if lookup._copy_wins(state, 2) else inner.plan.k(state) for _ in range(60)]
+    c.target = {1: Mean(0.2), 6: Mean(0.21)}
+    c.draft = Mean(0.02)
+    estimates = Estimates(c)
+    drafter_acc = estimates.of("sd", True)
+    drafter_acc.positions = [Mean(0.0)]
+    estimates.of("copy", True, 2).positions = [Mean(0.3)]
+    p = Policy(5, True, estimates, True, drafter_acc, copies=True)
+    p.steps = {"draft": 2, "copy": 2}
+    choices = []
+    for _ in range(60):
+        choice = p.choose(FakeState(), FakeDrafter(behind=0), match=2)
+        copy, k = choice.proposer == "copy", choice.k
+        choices.append("copy" if copy else k)
+        # the step measures what the estimates say; copies are all kept, drafts none
+        seconds = c.target_seconds(1 + k) + (0 if copy else 0.02 * k)
+        p.observe(choice, Measured(seconds, seconds - c.target_seconds(1 + k), c.target_seconds(1 + k),
+                                   0 if copy else k, 1 + k, k, k if copy else 0, 0))
     waste = 5 * 0.02 + 0.21 - 0.2  # a full draft none of which is kept
     first = waste / (0.2 * PROBE_SHARE)  # 27.5 copy steps earn it
-    assert [(i, k) for i, k in enumerate(steps) if k != "copy"] == [(28, 5), (57, 5)]
+    assert [(i, k) for i, k in enumerate(choices) if k != "copy"] == [(28, 5), (57, 5)]
     assert first < 28
 
 
@@ -86,13 +100,8 @@ def test_copies_beating_an_idle_drafter_still_let_it_probe():
 PROMPT = [1, 2, 3, 1, 2]  # "abcab": the tail "ab" and "b" occurred before, so copies happen
 
 
-@pytest.fixture(scope="module")
-def toys():
-    return Toys()
-
-
 def fixed_lookup(inner=None):
-    return PromptLookup(Costs(), {}, 2, adaptive=False, inner=inner)
+    return PromptLookup(2, adaptive=False, inner=inner)
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=str)
@@ -104,7 +113,7 @@ def test_lookup_is_exact(toys, settings):
     def make():
         method = fixed_lookup()
         start = method.start
-        method.start = lambda state: (states.append(state), start(state))
+        method.start = lambda state: (states.append(state), start(state))[1]
         return method
 
     got, paths = toys.method_distribution(make, PROMPT, p, max_new(settings))
@@ -117,7 +126,8 @@ def test_lookup_is_exact(toys, settings):
 @pytest.mark.parametrize("inner", ["slem", "tli"])
 def test_copying_mixed_with_a_drafter_is_exact(toys, inner, settings, monkeypatch):
     """Copy and drafter steps alternate by position: the drafter must read what copies commit."""
-    monkeypatch.setattr(PromptLookup, "_copy_wins", lambda self, state, n: n > 0 and len(state.committed) % 2 == 1)
+    monkeypatch.setattr(Policy, "copy_wins",
+                        lambda self, state, drafter, n: (n > 0 and len(state.committed) % 2 == 1, False))
     p = params(**settings)
     want = toys.exact_target_distribution(PROMPT, p, max_new(settings))
     pairing = toys.pairing(num_draft_tokens=2)

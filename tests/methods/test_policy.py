@@ -1,7 +1,11 @@
 """Adaptive draft length: the choice follows the measured costs, and no schedule of draft
 lengths (0 included) changes what any method samples."""
 
+import dataclasses
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from anydraft.methods import (
     SpeculativeSampling,
@@ -10,31 +14,77 @@ from anydraft.methods import (
     TokenLevelIntersection,
 )
 from anydraft.methods.policy import (
-    PROBE_CONTEXT,
+    PROBE_READ,
     PROBE_SHARE,
     Acceptance,
+    Choice,
     Costs,
-    DraftPlan,
-    _Mean,
+    Estimates,
+    Mean,
+    Measured,
+    Policy,
+    best,
+    read_size,
     room,
 )
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
-from tests.methods.toys import Toys, params
+from tests.methods.toys import params
 
 
-def costs(target: dict, draft: float) -> Costs:
+def costs(target: dict, draft: float, read: float | None = None) -> Costs:
     c = Costs()
     for n, seconds in target.items():
-        c.target[n] = _Mean(seconds)
-    c.draft = _Mean(draft)
+        c.target[n] = Mean(seconds)
+    c.draft = Mean(draft)
+    if read is not None:
+        c.read = Mean(read)
     return c
 
 
 def acceptance(*a: float, ratio: float = 1.0) -> Acceptance:
     acc = Acceptance()
-    acc.positions = [_Mean(x) for x in a]
-    acc.ratio = _Mean(ratio)
+    acc.positions = [Mean(x) for x in a]
+    acc.ratio = Mean(ratio)
     return acc
+
+
+class FakeState:
+    """Enough of a DecodeState for Policy.choose."""
+
+    def __init__(self, budget=100):
+        from anydraft.decoding.stats import Stats
+
+        self.stats = Stats()
+        self.committed = [0] * 10
+        self.budget = budget
+        self.target = type("T", (), {"max_length": 1000})()
+
+
+class FakeDrafter:
+    def __init__(self, behind):
+        self.behind = behind
+
+
+def policy(c: Costs, acc: Acceptance, max_k=5, adaptive=True, context=0, steps=2) -> Policy:
+    p = Policy(max_k, adaptive, Estimates(c), greedy=True, draft=acc, context=context)
+    p.steps["draft"] = steps  # past the measuring steps
+    return p
+
+
+def run(p: Policy, state, drafter=None, *, target=0.1, draft=0.0, calls=0, accepted=0, read=0) -> Choice:
+    """One step as the loop runs it: choose, then observe what the step measured."""
+    choice = p.choose(state, drafter)
+    p.observe(choice, Measured(wall=target + draft, draft=draft, target=target, calls=calls,
+                               scored=1 + choice.k, offered=choice.k, accepted=min(accepted, choice.k),
+                               read=read))
+    return choice
+
+
+def steady(p: Policy, state, drafter=None) -> Choice:
+    """A step that measures exactly what the estimates say: only the schedule moves."""
+    c = p.estimates.costs
+    k = p.choose(state, drafter).k
+    return run(p, state, drafter, target=c.target_seconds(1 + k), draft=c.draft.value * k, calls=k)
 
 
 def test_expected_tokens_multiplies_the_acceptance_along_the_draft():
@@ -43,16 +93,15 @@ def test_expected_tokens_multiplies_the_acceptance_along_the_draft():
     assert acceptance(0.5, 0.8).expected_tokens(1.5) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
     assert acceptance(0.0).expected_tokens(5) == 1
     assert acceptance(1.0).expected_tokens(3) == 4
-    assert Acceptance().expected_tokens(1) == 1.5  # prior
 
 
 def test_acceptance_counts_only_the_positions_a_step_reached():
     acc = Acceptance()
     acc.add(4, 1)  # position 1 accepted, 2 rejected, 3 and 4 never judged
-    # prior 0.5 worth one step, forgetting 0.9: (0.5 * 0.9 + 1) / 1.9
-    assert [round(p.value, 3) for p in acc.positions] == [0.763, 0.237, 0.5, 0.5]
+    a1, a2, a3, a4 = (p.value for p in acc.positions)
+    assert a1 > acc.a(0) > a2 and a3 == a4 == Acceptance().a(1)  # unjudged: the prior
     acc.add(2, 2)  # both accepted: nothing rejected
-    assert acc.a(2) > 0.25 and acc.a(9) == acc.a(4)
+    assert acc.positions[1].value > a2 and acc.a(9) == acc.a(4)
 
 
 def test_target_cost_curve_interpolates_and_extrapolates():
@@ -64,43 +113,50 @@ def test_target_cost_curve_interpolates_and_extrapolates():
 
 
 @pytest.mark.parametrize("case, want", [
-    # cheap drafter, high acceptance, flat target curve (PyTorch bf16): draft the most
+    # cheap drafter, high acceptance, flat target curve: draft the most
     (dict(target={1: 0.2, 6: 0.21}, draft=0.01, a=0.9), 8),
     # a drafter as slow as the target: never worth it
     (dict(target={1: 0.2, 6: 0.25}, draft=0.2, a=0.6), 0),
-    # scoring costs M times one token (llama.cpp target on 2 cores): never worth it
+    # scoring costs M times one token (a compute-bound target): never worth it
     (dict(target={1: 0.03, 9: 0.27}, draft=0.009, a=0.7), 0),
     # poor acceptance: plain steps
     (dict(target={1: 0.2, 6: 0.3}, draft=0.03, a=0.1), 0),
 ])
 def test_choice_follows_the_costs(case, want):
-    plan = DraftPlan(8, True, costs(case["target"], case["draft"]), acceptance(case["a"]))
-    assert plan.best()[0] == want
+    assert best(8, costs(case["target"], case["draft"]), acceptance(case["a"]))[0] == want
 
 
 def test_middle_ground_picks_a_short_draft():
-    plan = DraftPlan(8, True, costs({1: 0.2, 3: 0.24, 9: 0.6}, 0.03), acceptance(0.6))
-    assert 1 <= plan.best()[0] < 8
+    assert 1 <= best(8, costs({1: 0.2, 3: 0.24, 9: 0.6}, 0.03), acceptance(0.6))[0] < 8
 
 
 def test_rising_acceptance_favours_long_drafts():
     """The same first position; acceptance that rises along the draft makes long drafts pay."""
     c = costs({1: 0.09, 6: 0.106}, 0.01)
-    assert DraftPlan(5, True, c, acceptance(0.5)).best()[0] == 2
-    assert DraftPlan(5, True, c, acceptance(0.5, 0.9, 0.9, 0.9, 0.9)).best()[0] == 5
+    assert best(5, c, acceptance(0.5))[0] == 2
+    assert best(5, c, acceptance(0.5, 0.9, 0.9, 0.9, 0.9))[0] == 5
 
 
-class FakeState:
-    """Enough of a DecodeState for DraftPlan.k/close."""
+seconds = st.floats(0.001, 1.0)
+share = st.floats(0.0, 1.0)
 
-    def __init__(self):
-        from anydraft.decoding.stats import Stats
 
-        self.stats = Stats()
-        self.committed = [0] * 10
-        self.budget = 100
-        self.pending = [0]
-        self.target = type("T", (), {"max_length": 1000, "rollback": lambda self, n: None})()
+@given(t1=seconds, slope=st.floats(0.0, 0.2), d=seconds, a=share, cheaper=st.floats(0.1, 1.0))
+def test_a_cheaper_drafter_or_better_acceptance_never_drafts_less(t1, slope, d, a, cheaper):
+    """Properties of `best`, whatever the costs: the chosen k maximises the expected rate,
+    and it does not shrink when drafts get cheaper or more likely to be accepted."""
+    target = {1: t1, 9: t1 + 8 * slope * t1}
+    k, rate = best(8, costs(target, d), acceptance(a))
+    assert rate >= best(0, costs(target, d), acceptance(a))[1]  # never below a plain step
+    assert best(8, costs(target, d * cheaper), acceptance(a))[0] >= k
+    assert best(8, costs(target, d), acceptance(min(1.0, a + 0.1)))[0] >= k
+
+
+@given(backlog=st.integers(0, 5000), budget=st.integers(1, 5000))
+def test_a_backlog_never_makes_drafting_more_attractive(backlog, budget):
+    c = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002)
+    assert best(5, c, acceptance(0.7), budget=budget, backlog=backlog)[0] <= \
+        best(5, c, acceptance(0.7), budget=budget)[0]
 
 
 def test_probes_waste_at_most_a_share_of_the_plain_time_across_requests():
@@ -108,84 +164,57 @@ def test_probes_waste_at_most_a_share_of_the_plain_time_across_requests():
     it have cost enough that the probe wastes at most PROBE_SHARE of their time; the count
     carries over to the pair's next request."""
     c, acc = costs({1: 0.2, 6: 0.25}, 0.05), acceptance(0.1)
-    state = FakeState()
     ks = []
-    for request in range(2):
-        plan = DraftPlan(5, True, c, acc)
-        plan.steps = 2  # past the measuring steps
-        ks += [plan.k(state) for _ in range(60 if request == 0 else 120)]
+    for request in range(2):  # a new Policy per request, the pair's estimates shared
+        p = policy(c, acc)
+        ks += [steady(p, FakeState()).k for _ in range(60 if request == 0 else 120)]
     probes = [i for i, k in enumerate(ks) if k]
     waste = 5 * 0.05 + 0.25 - 0.2  # were none of its drafts kept
     first = probes[0]  # 75 plain steps (give or take rounding)
     assert abs(first - waste / (0.2 * PROBE_SHARE)) <= 1 and first > 60  # in the second request
-    assert probes == [first, 2 * first + 1] and all(ks[i] == 5 for i in probes)
-    assert plan.best()[0] == 0  # nothing learned here: the probes are the schedule's own
+    assert len(probes) == 2 and abs(probes[1] - (2 * first + 1)) <= 1  # as many again
+    assert all(ks[i] == 5 for i in probes)
+    assert best(5, c, acc)[0] == 0  # nothing learned here: the probes are the schedule's own
 
 
 def test_fixed_plan_always_drafts_k():
-    plan = DraftPlan(4, False, Costs(), Acceptance())
-    state = FakeState()
+    p = policy(Costs(), Acceptance(), max_k=4, adaptive=False, steps=0)
     for _ in range(3):
-        assert plan.k(state) == 4
-        plan.close(state, [1, 2, 3, 4], 2)
-    assert state.stats.drafted == 12 and not plan.costs.target  # nothing learned
+        assert run(p, FakeState(), accepted=2).k == 4
+    assert not p.estimates.costs.target  # nothing learned
 
 
 def test_adaptive_plan_learns_costs_and_acceptance():
-    plan = DraftPlan(4, True, Costs(), Acceptance())
+    p = policy(Costs(), Acceptance(), max_k=4, steps=0)
     state = FakeState()
     for target in (9.0, 0.1, 0.1, 0.1, 0.1):  # the first target call also reads the prompt
-        plan.k(state)
-        state.stats.drafter_calls += 4
-        state.stats.phase_seconds["target"] += target
-        state.stats.phase_seconds["draft"] += 0.04
-        plan.close(state, [1, 2, 3, 4], 3)
-    assert plan.costs.target[5].value == pytest.approx(0.1)
-    assert plan.costs.draft.value == pytest.approx(0.01)
-    assert plan.acc.a(1) > 0.8 and plan.acc.a(4) < 0.2  # 3 of 4 accepted, five times
-
-
-class FakeDrafter:
-    def __init__(self, behind, context=0):
-        self.behind, self.context, self.caught_up = behind, context, 0
-
-    def trim(self, context):
-        self.behind = min(self.behind, context)
+        run(p, state, target=target, draft=0.04, calls=4, accepted=3)  # (step 1: a plain one)
+    c = p.estimates.costs
+    assert c.target[5].value == pytest.approx(0.1)
+    assert c.draft.value == pytest.approx(0.01)
+    assert p.draft.a(1) > 0.8 and p.draft.a(4) < 0.2  # 3 of 4 accepted, five times
 
 
 def test_reading_a_long_prompt_is_paid_for_by_the_tokens_still_wanted():
     """A drafter 1000 tokens behind at 2 ms a token: not worth it for 20 tokens, worth it for 2000."""
-    c = costs({1: 0.09, 6: 0.1}, 0.01)
-    c.catch_up = _Mean(0.002)
-    plan = DraftPlan(5, True, c, acceptance(0.7))
-    assert plan.best(budget=20, behind=1000)[0] == 0
-    assert plan.best(budget=2000, behind=1000)[0] > 0
-    assert plan.best(budget=20, behind=2)[0] > 0  # in step: nothing to catch up
-    # through k(): the drafter's own backlog counts
-    state = FakeState()
-    state.budget = 20
-    plan.drafter, plan.steps = FakeDrafter(behind=1000), 2
-    assert plan.k(state) == 0
+    c = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002)
+    acc = acceptance(0.7)
+    assert best(5, c, acc, budget=20, backlog=1000)[0] == 0
+    assert best(5, c, acc, budget=2000, backlog=1000)[0] > 0
+    assert best(5, c, acc, budget=20, backlog=2)[0] > 0  # in step: nothing to read
+    # through choose(): the drafter's own backlog counts
+    assert policy(c, acc).choose(FakeState(budget=20), FakeDrafter(behind=1000)).k == 0
 
 
-def test_catch_up_cost_is_learned_from_the_first_pass():
+def test_read_cost_is_learned_from_the_first_pass():
     c = costs({1: 0.09, 6: 0.1}, 0.01)
-    plan = DraftPlan(4, True, c, acceptance(0.7), FakeDrafter(behind=0))
-    state = FakeState()
-    plan.k(state)
-    plan.drafter.caught_up = 100  # the first of 4 passes read 100 tokens: 0.5 s more
-    state.stats.drafter_calls += 4
-    state.stats.phase_seconds["draft"] += 0.04 + 0.5
-    plan.close(state, [1, 2, 3, 4], 3)
-    assert c.catch_up.value == pytest.approx(0.005) and c.draft.value == pytest.approx(0.01)
+    p = policy(c, acceptance(0.7), max_k=4)
+    # the first of 4 passes read 100 tokens: 0.5 s more
+    run(p, FakeState(), FakeDrafter(behind=0), draft=0.04 + 0.5, calls=4, accepted=3, read=100)
+    assert c.read.value == pytest.approx(0.005) and c.draft.value == pytest.approx(0.01)
 
 
 # -- any schedule of draft lengths is exact ------------------------------------------------
-
-@pytest.fixture(scope="module")
-def toys():
-    return Toys()
-
 
 @pytest.mark.parametrize("context", [64, 1], ids=lambda n: f"drafter_context={n}")
 @pytest.mark.parametrize("method", ["slem", "tli", "slrs", "sd"])
@@ -193,17 +222,13 @@ def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, context
     """k = 0, 1, 2 by position (a plain step included) through the real loop, enumerated; with
     a 1-token drafter context the backlog a plain step leaves is cut to its last token, and
     the k = 1 steps, like a probe, first trim the backlog to its last token."""
-    import dataclasses
-
     from tests.methods.toys import TARGET_VOCAB, ToySession
 
-    def k(self, state):
+    def choose(self, state, drafter=None, match=0):
         k = min(len(state.committed) % 3, room(state))
-        if k == 1:
-            self.drafter.trim(1)
-        return k
+        return Choice("draft", k, 1 if k == 1 else 0, self.draft)
 
-    monkeypatch.setattr(DraftPlan, "k", k)
+    monkeypatch.setattr(Policy, "choose", choose)
     p = params(temperature=0.8, top_k=4)
     want = toys.exact_target_distribution(PROMPT, p, 3)
     pairing = dataclasses.replace(toys.pairing(num_draft_tokens=2), drafter_context=context)
@@ -222,8 +247,6 @@ def test_varying_draft_lengths_keep_the_distribution_exact(toys, method, context
 def test_stopping_on_the_drafters_confidence_keeps_the_distribution_exact(toys, method, settings):
     """--draft-confidence: drafting stops before a position where the drafter is unsure (a
     function of the drafts alone); the output must not change."""
-    import dataclasses
-
     from anydraft.methods.drafter import Drafter
     from tests.methods.toys import TARGET_VOCAB, ToySession
 
@@ -255,36 +278,31 @@ def test_stopping_on_the_drafters_confidence_keeps_the_distribution_exact(toys, 
 
 
 def test_a_probe_reads_only_the_end_of_a_backlog_and_waits_for_that_read():
-    """A drafter 100 tokens behind at 2 ms a token: the probe reads only the last PROBE_CONTEXT
+    """A drafter 100 tokens behind at 2 ms a token: the probe reads only the last PROBE_READ
     (16: 0.032 s), and waits for that much more plain time: 0.332 s of waste at 0.004 s of
     allowance per plain step (0.3 s without a backlog: 75 steps)."""
-    c, acc = costs({1: 0.2, 6: 0.25}, 0.05), acceptance(0.1)
-    c.catch_up = _Mean(0.002)
-    drafter = FakeDrafter(behind=100)
-    plan = DraftPlan(5, True, c, acc, drafter)
-    plan.steps = 2
-    ks = [plan.k(FakeState()) for _ in range(120)]
-    probes = [i for i, k in enumerate(ks) if k]
-    assert PROBE_CONTEXT == 16 and len(probes) == 1 and abs(probes[0] - 83) <= 1
-    assert drafter.behind == PROBE_CONTEXT  # trimmed for the probe
+    c, acc = costs({1: 0.2, 6: 0.25}, 0.05, read=0.002), acceptance(0.1)
+    p = policy(c, acc)
+    choices = [steady(p, FakeState(), FakeDrafter(behind=100)) for _ in range(120)]
+    probes = [i for i, choice in enumerate(choices) if choice.k]
+    assert len(probes) == 1 and abs(probes[0] - 83) <= 1
+    assert choices[probes[0]].read == PROBE_READ  # the drafter trims its backlog to this
 
 
-@pytest.mark.parametrize("read_seconds, window", [(0.002, 45), (0.001, 64), (0.02, PROBE_CONTEXT)])
-def test_a_draft_reads_as_much_of_a_backlog_as_one_plain_step_costs(read_seconds, window):
+@pytest.mark.parametrize("read_seconds, read", [(0.002, 45), (0.001, 64), (0.02, PROBE_READ)])
+def test_a_draft_reads_as_much_of_a_backlog_as_one_plain_step_costs(read_seconds, read):
     """0.09 s plain steps: at 2 ms a token a draft reads the last 45 tokens of a 1000-token
-    backlog, at 1 ms the whole context (64), at 20 ms no fewer than a probe's PROBE_CONTEXT;
+    backlog, at 1 ms the whole context (64), at 20 ms no fewer than a probe's PROBE_READ;
     the read is priced at what is read."""
-    c = costs({1: 0.09, 6: 0.1}, 0.01)
-    c.catch_up = _Mean(read_seconds)
-    drafter = FakeDrafter(behind=1000, context=64)
-    plan = DraftPlan(5, True, c, acceptance(0.9), drafter)
-    plan.steps = 2
-    state = FakeState()
-    state.budget, state.stats.new_tokens = 2000, 50
-    assert plan.window() == window and plan.behind() == window
-    assert plan.k(state) > 0 and drafter.behind == window
-    drafter.context, drafter.behind = 0, 1000  # read everything: never cut
-    assert plan.window() == 0 and plan.behind() == 1000
+    c = costs({1: 0.09, 6: 0.1}, 0.01, read=read_seconds)
+    p = policy(c, acceptance(0.9), context=64)
+    state = FakeState(budget=2000)
+    state.stats.new_tokens = 50
+    drafter = FakeDrafter(behind=1000)
+    assert read_size(c, 64) == read and p.backlog(drafter) == read
+    choice = p.choose(state, drafter)
+    assert choice.k > 0 and choice.read == read
+    assert read_size(c, 0) == 0 and policy(c, acceptance(0.9), context=0).backlog(drafter) == 1000
 
 
 def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
@@ -294,17 +312,12 @@ def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
     c = Costs()
     for _ in range(30):
         c.draft.add(0.04)  # slowed by another job
-    plan = DraftPlan(4, True, c, acceptance(0.7))
-    state = FakeState()
+    c.target[1] = Mean(0.1)
+    p = policy(c, acceptance(0.7), max_k=4)
     for _ in range(64):  # plain steps: the drafter does not run
-        plan.k(state)
-        state.stats.phase_seconds["target"] += 0.1
-        plan.close(state, [], 0)
+        p.observe(Choice("draft", 0, acc=p.draft), Measured(0.1, 0, 0.1, 0, 1, 0, 0, 0))
     assert c.draft.value == pytest.approx(0.04)  # faded, not changed
-    plan.k(state)  # the probe: 4 drafter passes at 0.01 s
-    state.stats.drafter_calls += 4
-    state.stats.phase_seconds["draft"] += 0.04
-    plan.close(state, [1, 2, 3, 4], 4)
+    p.observe(Choice("draft", 4, acc=p.draft, ran=True), Measured(0.14, 0.04, 0.1, 4, 5, 4, 4, 0))
     assert c.draft.value < 0.02
 
 
@@ -312,16 +325,15 @@ def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
     """Ski rental: 1000 tokens to read at 2 ms (2 s) against 0.09 s plain steps. Worth it for
     2000 tokens wanted, but only read after 23 plain tokens, so an answer that stops at 10
     never pays; renting does not count as drafting losing (no probe is owed for it)."""
-    c = costs({1: 0.09, 6: 0.1}, 0.01)
-    c.catch_up = _Mean(0.002)
-    plan = DraftPlan(5, True, c, acceptance(0.7), FakeDrafter(behind=1000))
-    plan.steps = 2
-    state = FakeState()
-    state.budget = 2000
-    assert plan.best(state.budget, plan.behind())[0] > 0
+    c = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002)
+    p = policy(c, acceptance(0.7))
+    drafter = FakeDrafter(behind=1000)
+    state = FakeState(budget=2000)
+    assert best(5, c, p.draft, budget=state.budget, backlog=p.backlog(drafter))[0] > 0
     ks = []
     for generated in range(30):
         state.stats.new_tokens = generated
-        ks.append(plan.k(state))
+        choice = p.choose(state, drafter)
+        assert not choice.waited
+        ks.append(choice.k)
     assert ks[:23] == [0] * 23 and all(k > 0 for k in ks[23:])
-    assert plan.acc.idle == 0

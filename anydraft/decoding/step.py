@@ -1,0 +1,76 @@
+"""One speculative step, top to bottom, over a batch of sequences (`Row`s).
+
+For each row: the policy chooses the proposer and the draft length (`Policy.choose`, no side
+effects), the proposer proposes (a drafter drafts; prompt lookup copies; a plain step
+proposes nothing), the target scores every candidate in one call, the proposer's verifier
+judges them, and then, here and only here, both caches are committed or rolled back, the
+statistics counted and the policy told what the step cost and earned (`Policy.observe`).
+
+Every method is lossless because each committed token is either a candidate its verifier
+accepted or the verifier's own draw; what the policy chooses changes only the speed.
+The batch holds one row today: the target is called once per row, and each row's
+measurements are its own. Batching across requests makes the middle loop one call.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..methods.policy import Measured
+from ..methods.row import Row
+from ..methods.verify import Proposal, verify_exact
+
+
+def step(rows: list[Row]) -> list[tuple[list[int], int]]:
+    """Run one step of every row; return each row's ``(committed tokens, accepted drafts)``:
+    the first ``accepted`` tokens were candidates, the last is the target's own."""
+    plans = []
+    for row in rows:  # choose and propose, each row on its own
+        state = row.state
+        match = row.copying.match(state.committed) if row.copying is not None else 0
+        choice = row.policy.choose(state, row.drafter, match)
+        mark = _mark(row)
+        if choice.proposer == "plain":
+            proposal = Proposal([])
+        else:
+            proposal = row.proposer(choice.proposer).propose(state, row.drafter, choice.k, choice.read)
+        plans.append((choice, mark, proposal))
+
+    logits = [row.state.score(proposal.candidates) for row, (_, _, proposal) in zip(rows, plans, strict=True)]
+
+    out = []
+    for row, (choice, mark, proposal), scores in zip(rows, plans, logits, strict=True):
+        state, candidates = row.state, proposal.candidates
+        if choice.proposer == "plain":
+            n, token = verify_exact(scores, candidates, state.params, state.generator)
+        else:
+            n, token = row.proposer(choice.proposer).verify(state, proposal, scores)
+        # the target keeps the committed text and the accepted candidates; the step's own
+        # last token is fed with its next call
+        keep = len(state.committed) + n
+        if len(state.target) > keep:
+            state.target.rollback(keep)
+        state.stats.drafted += len(candidates)
+        state.stats.rejected += n < len(candidates)
+        row.policy.observe(choice, _measured(row, mark, len(candidates), n))
+        new = candidates[:n] + [token]
+        if row.drafter is not None:
+            row.drafter.commit(new, n if choice.proposer == "draft" else 0)
+        out.append((new, n))
+    return out
+
+
+def _mark(row: Row) -> tuple:
+    s = row.state.stats
+    return (time.perf_counter(), s.phase_seconds["draft"], s.phase_seconds["target"],
+            s.drafter_calls, len(row.state.pending))
+
+
+def _measured(row: Row, mark: tuple, offered: int, accepted: int) -> Measured:
+    s = row.state.stats
+    start, draft, target, calls, pending = mark
+    return Measured(
+        wall=time.perf_counter() - start, draft=s.phase_seconds["draft"] - draft,
+        target=s.phase_seconds["target"] - target, calls=s.drafter_calls - calls,
+        scored=pending + offered, offered=offered, accepted=accepted,
+        read=row.drafter.caught_up if row.drafter is not None else 0)
