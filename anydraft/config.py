@@ -14,13 +14,10 @@ from .errors import AnydraftError
 METHODS = ("ar", "lookup", "sd", "slem", "tli", "slrs", "auto")
 NEEDS_DRAFTER = ("sd", "slem", "tli", "slrs")
 
-# prompt tokens the drafter reads by default: on long prompts (summaries, RAG) llama.cpp's slow
-# prompt reading kept the drafter idle; with 64 auto measured 1.31x vs 1.23x (t=0) and 1.21x vs
-# 1.13x (t=1) over AR there, and no loss on short prompts (benchmarks/results/2026-11-30-context*).
-# 16 was measured too: it helps a cheap target (Qwen-0.5B <- SmolLM2, 13 categories: 1.39x vs
-# 1.32x pooled) but costs the main pair acceptance (Qwen-1.5B <- SmolLM2: a 0.58 vs 0.63, 1.67x
-# vs 1.78x pooled; `*context16*`, `context64-again*`), so probes read 16 (`PROBE_CONTEXT`), and
-# adaptive drafts read what one target step costs (`DraftPlan.window`), 16 to this context
+# the most backlog tokens (the prompt, at first) the drafter reads before drafting: a long prompt
+# read whole kept a slow-reading drafter idle, and the prompt's end informs a draft most; probes
+# read fewer (policy.PROBE_READ), adaptive drafts what one target step costs (policy.read_size).
+# Measured in docs/adaptive-drafting.md ("drafter context")
 DRAFTER_CONTEXT = 64
 
 

@@ -83,13 +83,6 @@ class Decoder:
         self.eos_ids = _eos_ids(self.target)
         self._method_factory = methods.factory(self)
 
-    # the draft settings, as the methods read them until they read ``self.draft``
-    method = property(lambda self: self.draft.method)
-    num_draft_tokens = property(lambda self: self.draft.num_draft_tokens)
-    draft_confidence = property(lambda self: self.draft.draft_confidence)
-    adaptive = property(lambda self: self.draft.adaptive)
-    drafter_context = property(lambda self: self.draft.drafter_context)
-
     # -- prompts ---------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = True) -> list[int]:
         """Token ids of ``prompt`` (a string, or a list of chat messages when chat=True)."""
@@ -121,7 +114,7 @@ class Decoder:
 
     # -- generation ------------------------------------------------------------------------
     def _run(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts):
-        method = self.method if method is None else check_method(method, self.drafter is not None)
+        method = self.draft.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if stop is None:

@@ -30,7 +30,7 @@ def run_demo(args) -> int:
                   progress=lambda m: print(m, file=sys.stderr))
     prompts = [p for p in builtin_prompts() if p["category"] == "code"][: max(1, args.n // 2)]
     prompts += [p for p in builtin_prompts() if p["category"] != "code"][: args.n - len(prompts)]
-    methods = ["ar"] if dec.drafter is None else ["ar", dec.method]
+    methods = ["ar"] if dec.drafter is None else ["ar", dec.draft.method]
     drafter = (f"{args.drafter} (llama.cpp, as in its GGUF)" if backend == "llamacpp"
                else f"{args.drafter} ({args.drafter_dtype})")
     print(f"target {args.target} ({args.dtype}), drafter {drafter}, method {args.method}, greedy, "

@@ -86,7 +86,7 @@ def test_decoder_shortcuts_override_the_draft_config():
     model = tiny_llama(len(tok), max_positions=64)
     draft = DraftConfig(method="lookup", num_draft_tokens=3, adaptive=False)
     dec = Decoder(target=model, tokenizer=tok, draft=draft)
-    assert dec.draft is draft and dec.method == "lookup" and dec.num_draft_tokens == 3
+    assert dec.draft is draft and dec.draft.method == "lookup" and dec.draft.num_draft_tokens == 3
     dec = Decoder(target=model, tokenizer=tok, draft=draft, num_draft_tokens=9, method="ar")
     assert dec.draft == DraftConfig(method="ar", num_draft_tokens=9, adaptive=False)
     assert Decoder(target=model, tokenizer=tok).draft == DraftConfig()

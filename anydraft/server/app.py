@@ -451,7 +451,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             "id": config.model_id, "object": "model", "created": created,
             "owned_by": config.owned_by,
             "anydraft": {"target": dec0.target.name, "drafter": drafter.name if drafter else None,
-                         "method": dec0.method, "context_window": ctx, "workers": len(decoders)},
+                         "method": dec0.draft.method, "context_window": ctx, "workers": len(decoders)},
         }]}
 
     @app.get("/health")

@@ -75,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(model_id=args.served_model_name or args.target, api_key=api_key,
                           max_queue=args.max_queue, max_body_bytes=args.max_body_bytes)
     app = create_app(decoders, config)
-    print(f"anydraft: serving {config.model_id!r} (method {decoders[0].method}, "
+    print(f"anydraft: serving {config.model_id!r} (method {decoders[0].draft.method}, "
           f"{len(decoders)} worker{'s' if len(decoders) > 1 else ''}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
