@@ -1,4 +1,4 @@
-"""Command line: `anydraft generate | models | pair | demo | bench | serve`."""
+"""Command line: `anydraft generate | models | pair | demo | doctor | bench | serve`."""
 
 from __future__ import annotations
 
@@ -85,6 +85,12 @@ def cmd_pair(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from .hardware.doctor import cmd_doctor
+
+    return cmd_doctor(args)
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -119,14 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_pair)
 
+    doc = sub.add_parser("doctor", help="this machine, each model's measured costs, what auto chooses")
+    doc.add_argument("--target", default=None, help="a model to measure (catalog name, hub id, dir, .gguf)")
+    doc.add_argument("--drafter", default=None, help="a second model to measure")
+    doc.add_argument("--device", default="cpu")
+    doc.add_argument("--remeasure", action="store_true", help="measure again, replacing the cached curves")
+    doc.add_argument("--json", action="store_true")
+    doc.set_defaults(func=cmd_doctor)
+
     d = sub.add_parser("demo", help="plain decoding vs anydraft on built-in prompts")
     d.add_argument("--target", default="qwen2.5-coder-0.5b")
     d.add_argument("--drafter", default="smollm2-135m")
     d.add_argument("--method", default="auto")
-    d.add_argument("--dtype", default="bfloat16",
-                   help="the target's dtype, for plain decoding and anydraft alike")
-    d.add_argument("--drafter-dtype", default="bfloat16",
-                   help="the drafter's dtype never changes the output; bfloat16 is faster here")
+    d.add_argument("--dtype", default="auto",
+                   help="the target's dtype, for plain decoding and anydraft alike (auto: the "
+                        "fastest on this machine, measured once)")
+    d.add_argument("--drafter-dtype", default="auto",
+                   help="the drafter's dtype never changes the output (auto: the fastest here)")
     d.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
                    help="default: llamacpp when llama-cpp-python is installed (a drafter step "
                         "costs ~4x less there), else torch")

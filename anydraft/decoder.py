@@ -48,7 +48,7 @@ class Decoder:
         drafter=None,
         *,
         draft: DraftConfig | None = None,
-        dtype="float32",
+        dtype="auto",
         drafter_dtype=None,
         device: str = "cpu",
         tokenizer=None,
@@ -62,7 +62,7 @@ class Decoder:
         adaptive: bool | None = None,
         drafter_context: int | None = None,
     ):
-        parse_dtype(dtype)
+        parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
         drafter_backend = check_backend(drafter_backend or backend)
         self.draft = override(draft or DraftConfig(), method=method,

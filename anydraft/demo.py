@@ -31,9 +31,12 @@ def run_demo(args) -> int:
     prompts = [p for p in builtin_prompts() if p["category"] == "code"][: max(1, args.n // 2)]
     prompts += [p for p in builtin_prompts() if p["category"] != "code"][: args.n - len(prompts)]
     methods = ["ar"] if dec.drafter is None else ["ar", dec.draft.method]
+    from .hardware import this_machine
+
+    print("\n".join(this_machine().lines()))
     drafter = (f"{args.drafter} (llama.cpp, as in its GGUF)" if backend == "llamacpp"
-               else f"{args.drafter} ({args.drafter_dtype})")
-    print(f"target {args.target} ({args.dtype}), drafter {drafter}, method {args.method}, greedy, "
+               else f"{args.drafter} ({dec.drafter.dtype})")
+    print(f"target {args.target} ({dec.target.dtype}), drafter {drafter}, method {args.method}, greedy, "
           f"{args.max_new_tokens} new tokens\n")
     header = f"| {'prompt':<12} | {'method':<11} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
     print(header)
@@ -52,8 +55,9 @@ def run_demo(args) -> int:
             differed = differed or same == "NO"
             print(f"| {p['id']:<12} | {s['method']:<11} | {s['new_tokens']:>6} | {s['seconds']:>7.2f} "
                   f"| {s['tokens_per_s']:>6.1f} | {speedup:>6.2f}x | {same:<9} |", flush=True)
-    if differed and args.dtype == "bfloat16":
-        print("\nNO: a bfloat16 target rounds a position scored inside a batch differently than alone, "
-              "so greedy ties can flip (README, Performance); --dtype float32 gives identical output.")
+    if differed and dec.target.dtype != "float32":
+        print(f"\nNO: a {dec.target.dtype} target rounds a position scored inside a batch differently "
+              "than alone, so greedy ties can flip (README, guarantees); --dtype float32 gives "
+              "identical output.")
     print(f"\nlast output ({prompts[-1]['id']}):\n{out.text}")
     return 0

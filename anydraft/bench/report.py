@@ -32,6 +32,7 @@ def machine_info(device: str = "cpu") -> dict:
     import transformers
 
     from .. import __version__ as anydraft_version
+    from ..hardware import this_machine
 
     info = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -41,6 +42,7 @@ def machine_info(device: str = "cpu") -> dict:
         "versions": {"anydraft": anydraft_version, "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "git_commit": _git_commit(),
+        "hardware": this_machine().lines(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
@@ -171,6 +173,7 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         f"- command: `{meta['command']}`",
         f"- machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs "
         f"({m['torch_threads']} torch threads), device {m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}",
+        *(f"- {line}" for line in m.get("hardware", [])),
         f"- versions: anydraft {m['versions']['anydraft']} ({m['git_commit'] or 'no git'}), "
         f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}, "
         f"Python {m['python']}; {m['date']}",

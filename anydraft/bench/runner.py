@@ -31,7 +31,7 @@ class BenchSettings:
     baseline_hf: bool = False
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    dtype: str = "float32"
+    dtype: str = "auto"
     drafter_dtype: str | None = None
     device: str = "cpu"
     draft: DraftConfig = field(default_factory=DraftConfig)  # its method is unused: `methods`
@@ -139,10 +139,13 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     """Load each model once per backend, run everything, return the rows (see report.ROW_KEYS)."""
     from ..bridge import same_tokenizer
     from ..decoder import Decoder
+    from ..hardware import this_machine
     from ..models.backends import load
     from ..models.loading import load_tokenizer
 
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
+    for line in this_machine().lines():
+        progress_note(line)
     params = settings.sampling
     common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device)
     target_tok = load_tokenizer(settings.target)
@@ -150,6 +153,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     settings.chat = "yes" if chat else "no"
     targets = {tb: load(settings.target, tb, target_tok, settings.dtype, settings.device, progress_note)
                for tb in settings.target_backends}
+    if "torch" in targets:  # record what "auto" chose
+        settings.dtype = common["dtype"] = targets["torch"].dtype
     sides = backend_sides(settings.target_backends, settings.drafter_backends if settings.drafters else [])
 
     def name_of(key) -> str:
@@ -163,6 +168,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         for db in settings.drafter_backends:
             drafters[(name, db)] = load(name, db, d_tok, settings.drafter_dtype or settings.dtype,
                                         settings.device, progress_note)
+            if db == "torch" and settings.drafter_dtype in (None, "auto") and len(settings.drafters) == 1:
+                settings.drafter_dtype = drafters[(name, db)].dtype
         same = same_tokenizer(target_tok, d_tok)
         todo[name] = []
         for m in settings.methods[1:]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import AnydraftError
 from . import llamacpp
-from .loading import load_model, load_tokenizer, parse_dtype, resolve
+from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve
 from .session import HFSession, Session, context_window
 
 BACKENDS = ("torch", "llamacpp")
@@ -29,6 +29,7 @@ class LoadedModel:
     name: str
     model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel
     tokenizer: object
+    dtype: str = ""  # the torch dtype it runs in ("auto" resolved); "" for llama.cpp or an object
 
     def new_session(self) -> Session:
         if isinstance(self.model, llamacpp.LlamaCppModel):
@@ -66,12 +67,13 @@ class LoadedModel:
         return set(eos if isinstance(eos, list) else [eos])
 
 
-def load(spec, backend: str = "torch", tokenizer=None, dtype="float32", device: str = "cpu",
+def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str = "cpu",
          progress=None) -> LoadedModel:
     """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
 
     ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion); ``dtype``
-    applies to the torch backend only.
+    applies to the torch backend only: ``"auto"`` measures the candidates on this machine
+    (once, cached) and keeps the fastest (hardware/profile.py).
     """
     check_backend(backend)
     if not isinstance(spec, str):
@@ -91,6 +93,11 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="float32", device: 
             raise AnydraftError("the llamacpp backend runs on the CPU here: use device='cpu'")
         model = llamacpp.LlamaCppModel.load(source, progress=progress)
     else:
-        parse_dtype(dtype)
-        model = load_model(spec, dtype=dtype, device=device, progress=progress)
-    return LoadedModel(spec, model, tokenizer or load_tokenizer(spec))
+        model = None
+        if parse_dtype(dtype, allow_auto=True) == AUTO:
+            from ..hardware.profile import choose_dtype
+
+            dtype, model = choose_dtype(spec, device, progress)[:2]
+        if model is None:
+            model = load_model(spec, dtype=dtype, device=device, progress=progress)
+    return LoadedModel(spec, model, tokenizer or load_tokenizer(spec), "" if backend == "llamacpp" else dtype)

@@ -18,7 +18,10 @@ from pathlib import Path
 from ..errors import AnydraftError
 from . import catalog
 
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+# "auto": the dtype this machine runs the model fastest in, measured (hardware/profile.py)
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -110,15 +113,18 @@ def load_tokenizer(spec: str):
         raise _hub_error(source, exc) from exc
 
 
-def parse_dtype(dtype):
+def parse_dtype(dtype, allow_auto: bool = False):
+    """The torch dtype of a name (or ``"auto"`` itself, where allowed); clear error otherwise."""
     import torch
 
+    if allow_auto and dtype == AUTO:
+        return AUTO
     if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise AnydraftError(f"dtype {dtype} not supported: use float32 or bfloat16")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise AnydraftError(f"dtype {dtype} not supported: use auto, float32, bfloat16 or float16")
         return dtype
     if dtype not in DTYPES:
-        raise AnydraftError(f"unknown dtype {dtype!r}: use float32 or bfloat16")
+        raise AnydraftError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     return getattr(torch, DTYPES[dtype])
 
 

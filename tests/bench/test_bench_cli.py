@@ -198,7 +198,7 @@ def test_several_backends_load_once_and_compare_per_backend(models, tmp_path, mo
     twin = str(models / "twin")
     rc = main(["bench", "--target", str(models / "target"), "--drafter", twin,
                "--target-backend", "torch,llamacpp", "--drafter-backend", "torch,llamacpp",
-               "--methods", "ar,slem", "--baseline", "hf", "--dataset", str(models / "prompts.jsonl"),
+               "--dtype", "float32", "--methods", "ar,slem", "--baseline", "hf", "--dataset", str(models / "prompts.jsonl"),
                "--categories", "code", "--max-new-tokens", "4", "--no-warmup", "--no-plots",
                "--out", str(tmp_path)])
     assert rc == 0

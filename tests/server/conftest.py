@@ -32,7 +32,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         cmd = [sys.executable, "-m", "anydraft", "serve", "--target", str(model_dir),
-               "--served-model-name", MODEL_ID, "--port", str(self.port),
+               "--served-model-name", MODEL_ID, "--port", str(self.port), "--dtype", "float32",
                "--log-level", "warning", *extra]
         if api_key:
             cmd += ["--api-key", api_key]
@@ -125,7 +125,7 @@ def decoder(model_dir):
     """The same model in-process, for reference outputs."""
     from anydraft import Decoder
 
-    return Decoder(target=str(model_dir))
+    return Decoder(target=str(model_dir), dtype="float32")  # as the servers: outputs compare
 
 
 @pytest.fixture(scope="session")

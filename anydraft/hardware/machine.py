@@ -1,0 +1,80 @@
+"""The machine as read from it: CPU model and features, cores, which kernels PyTorch runs, CUDA
+devices. Light at import time (torch is imported when asked for)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+# the CPU features that decide which kernels can run fast: AVX2 everywhere; AVX-512; bfloat16
+# and float16 dot products; AMX tiles (Intel, from Sapphire Rapids)
+FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpu: str
+    cores: int
+    features: tuple[str, ...]  # the FEATURES this CPU has
+    torch_kernels: str  # the ISA PyTorch's own kernels use (ATEN_CPU_CAPABILITY can lower it)
+    onednn_isa: str  # ONEDNN_MAX_CPU_ISA ("" when not set: all the CPU has)
+    torch: str
+    cuda: tuple[str, ...]  # one "name (sm_XY)" per CUDA device
+
+    @property
+    def native_bf16(self) -> bool:
+        """Whether bfloat16 matrix products run in hardware here (AVX-512 bf16 or AMX), with
+        PyTorch allowed to use them; elsewhere bfloat16 is emulated."""
+        hardware = "avx512_bf16" in self.features or "amx_bf16" in self.features
+        held = "AVX2" in self.torch_kernels.upper() or self.onednn_isa.upper().startswith(("AVX2", "SSE"))
+        return hardware and not held
+
+    @property
+    def key(self) -> str:
+        """Identifies this machine's speed: measurements cached under another key are not reused."""
+        return hashlib.sha256(repr(sorted(asdict(self).items())).encode()).hexdigest()[:16]
+
+    def lines(self) -> list[str]:
+        features = ", ".join(self.features) or "none of " + ", ".join(FEATURES)
+        return [
+            f"cpu: {self.cpu}, {self.cores} cores; features: {features}",
+            f"torch {self.torch}: kernels {self.torch_kernels}"
+            + (f", oneDNN held to {self.onednn_isa}" if self.onednn_isa else "")
+            + f"; bfloat16 {'native' if self.native_bf16 else 'emulated'}",
+            "cuda: " + (", ".join(self.cuda) if self.cuda else "none"),
+        ]
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                if flags and name:
+                    break
+    except OSError:  # not Linux: features unknown, everything is measured anyway
+        pass
+    return name, flags
+
+
+@functools.lru_cache(maxsize=1)
+def this_machine() -> Machine:
+    import torch
+
+    name, flags = _cpuinfo()
+    cuda = ()
+    if torch.cuda.is_available():
+        cuda = tuple(f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+                     for i in range(torch.cuda.device_count()))
+    return Machine(
+        cpu=name, cores=os.cpu_count() or 1, features=tuple(f for f in FEATURES if f in flags),
+        torch_kernels=torch.backends.cpu.get_cpu_capability(),
+        onednn_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), torch=torch.__version__, cuda=cuda)

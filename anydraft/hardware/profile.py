@@ -1,0 +1,155 @@
+"""Each model's measured cost curve per execution path, cached per machine, and the choice
+``dtype="auto"`` makes from it.
+
+A cost curve is the time a warm session takes to score M new tokens in one call after a
+context, for M = 1 (a plain decoding step) up to 33 (a long verification). Speculative
+decoding pays where the curve is flat; plain decoding lives at M = 1. Measured once per
+(machine, model, backend, dtype) and cached in ``$ANYDRAFT_CACHE/profiles/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from ..models import catalog
+from .machine import Machine, this_machine
+
+SIZES = (1, 2, 5, 9, 17, 33)  # tokens scored in one call
+CONTEXT = 200  # tokens already in the cache, as in a short chat
+REPEATS = 3  # median of this many calls per size (these machines are noisy)
+# a 1-minute load average above this share of the cores means other work is running
+BUSY_SHARE = 0.5
+
+
+def measure(models: dict, sizes=SIZES, repeats=REPEATS) -> dict[str, dict[int, float]]:
+    """Seconds to score M tokens in one call after a context, for each M in ``sizes``, for each
+    of ``models`` (name -> LoadedModel). The models take turns call by call, so a change in the
+    machine's load hits every one alike."""
+    sessions, ids, context = {}, {}, {}
+    for name, loaded in models.items():
+        session = sessions[name] = loaded.new_session()
+        n = context[name] = min(CONTEXT, max(1, session.max_length - max(sizes) - 2))
+        width = min(loaded.logits_width, len(loaded.tokenizer))
+        ids[name] = [(7919 * i + 13) % width for i in range(n + max(sizes) + 1)]  # any ids cost the same
+        session.feed(ids[name][:n], rows=1)
+        session.feed(ids[name][n:n + 1], rows=1)  # warm-up: first calls pay one-off costs
+        session.rollback(n)
+    times = {name: {m: [] for m in sizes} for name in models}
+    for m in sizes:
+        for _ in range(repeats):
+            for name, session in sessions.items():
+                n = context[name]
+                start = time.perf_counter()
+                session.feed(ids[name][n:n + m], rows=m)
+                times[name][m].append(time.perf_counter() - start)
+                session.rollback(n)
+    return {name: {m: statistics.median(t) for m, t in curve.items()} for name, curve in times.items()}
+
+
+def busy() -> bool:
+    """Whether other work holds the cores: measurements taken now say little about this
+    machine, so they are used for this run but not cached."""
+    try:
+        return os.getloadavg()[0] > BUSY_SHARE * (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        return False
+
+
+def _path(machine: Machine) -> Path:
+    return catalog.cache_dir() / "profiles" / f"{machine.key}.json"
+
+
+def cached(model_key: str, machine: Machine | None = None) -> dict[int, float] | None:
+    path = _path(machine or this_machine())
+    if not path.is_file():
+        return None
+    curve = json.loads(path.read_text()).get("curves", {}).get(model_key)
+    return None if curve is None else {int(m): s for m, s in curve.items()}
+
+
+def save(model_key: str, curve: dict[int, float], machine: Machine | None = None) -> None:
+    machine = machine or this_machine()
+    path = _path(machine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines(), "curves": {}}
+    data["curves"][model_key] = curve
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def model_key(spec: str, backend: str, dtype: str, device: str) -> str:
+    from ..models.loading import resolve
+
+    source = resolve(spec)
+    return f"{source.cache_key or source.path}|{backend}|{dtype}|{device}"
+
+
+def rate(curve: dict[int, float]) -> float:
+    """Expected tokens per second of the curve's best step, plain or speculative, with the
+    policy's prior acceptance (nothing measured about any drafter yet): rewards a flat curve
+    and a fast plain step alike."""
+    from ..methods.policy import Acceptance
+
+    prior = Acceptance()
+    return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
+
+
+def fastest(curves: dict[str, dict[int, float]]) -> str:
+    """The path whose curve has the best `rate`."""
+    return max(curves, key=lambda path: rate(curves[path]))
+
+
+def candidates(device: str) -> tuple[str, ...]:
+    """The dtypes ``auto`` measures: bfloat16 is measured even where the CPU emulates it (a
+    memory-bound plain step can still gain from half the bytes)."""
+    if str(device).startswith("cuda"):
+        return ("bfloat16", "float16", "float32")
+    return ("bfloat16", "float32")
+
+
+def curves(spec: str, backend: str, dtypes: tuple[str, ...], device: str = "cpu", progress=None,
+           remeasure: bool = False) -> tuple[dict, dict]:
+    """``({dtype: curve}, {dtype: LoadedModel loaded to measure it})`` for ``spec`` on
+    ``backend``: cached curves where there are any, the others measured together."""
+    from ..models.backends import load
+
+    found, models = {}, {}
+    for dtype in dtypes:
+        curve = None if remeasure else cached(model_key(spec, backend, dtype, device))
+        if curve is not None:
+            found[dtype] = curve
+        else:
+            models[dtype] = load(spec, backend, dtype=dtype, device=device)
+    if models:
+        quiet = not busy()
+        if progress:
+            progress(f"measuring {spec} ({backend}: {', '.join(models)}; once per machine)"
+                     + ("" if quiet else ": the machine is busy, so this is not cached"))
+        for dtype, curve in measure(models).items():
+            found[dtype] = curve
+            if quiet:
+                save(model_key(spec, backend, dtype, device), curve)
+    return {d: found[d] for d in dtypes}, models
+
+
+def choose_dtype(spec: str, device: str = "cpu", progress=None):
+    """``(dtype, model or None, {dtype: curve})`` for ``dtype="auto"``: the candidate whose
+    measured curve gives the most expected tokens per second (`rate`). The model is returned
+    when the choice loaded it (so it is not loaded twice)."""
+    found, models = curves(spec, "torch", candidates(device), device, progress)
+    best = fastest(found)
+    if progress:
+        progress(f"dtype auto: {spec} in {best} ({explain(found)})")
+    model = models.get(best)
+    return best, (model.model if model is not None else None), found
+
+
+def explain(curves: dict[str, dict[int, float]]) -> str:
+    """One line per choice: each candidate's plain step and the cost of scoring 9 tokens."""
+    return "; ".join(f"{d}: 1 token {c[1] * 1e3:.0f} ms, 9 tokens {c.get(9, float('nan')) / c[1]:.2f}x that"
+                     for d, c in curves.items())

@@ -1,0 +1,81 @@
+"""The machine profile and `dtype="auto"`: features read, curves measured and cached per
+machine, and the choice follows the measured curves (never a constant)."""
+
+import dataclasses
+
+import pytest
+
+from anydraft.hardware import machine as hw
+from anydraft.hardware import profile
+from anydraft.models.backends import LoadedModel
+from tests.helpers import byte_tokenizer, tiny_llama
+
+AVX512_BF16 = hw.Machine("cpu", 2, ("avx2", "avx512f", "avx512_bf16"), "AVX512", "", "2.13.0", ())
+
+
+def test_bfloat16_is_native_only_with_the_hardware_and_pytorch_allowed_to_use_it():
+    assert AVX512_BF16.native_bf16
+    assert dataclasses.replace(AVX512_BF16, features=("avx2", "amx_tile", "amx_bf16")).native_bf16
+    assert not dataclasses.replace(AVX512_BF16, features=("avx2", "avx512f")).native_bf16  # Zen 3-like
+    assert not dataclasses.replace(AVX512_BF16, torch_kernels="AVX2").native_bf16  # ATEN_CPU_CAPABILITY=avx2
+    assert not dataclasses.replace(AVX512_BF16, onednn_isa="AVX2").native_bf16  # ONEDNN_MAX_CPU_ISA=AVX2
+
+
+def test_another_machine_gets_another_cache_key():
+    assert AVX512_BF16.key != dataclasses.replace(AVX512_BF16, features=("avx2",)).key
+    assert AVX512_BF16.key != dataclasses.replace(AVX512_BF16, onednn_isa="AVX2").key
+    assert AVX512_BF16.key == dataclasses.replace(AVX512_BF16).key
+
+
+def test_this_machine_reads_the_running_cpu():
+    m = hw.this_machine()
+    assert m.cores >= 1 and m.torch and m.torch_kernels
+    assert set(m.features) <= set(hw.FEATURES)
+    assert any(line.startswith("cpu: ") for line in m.lines())
+
+
+def test_models_measured_together_get_a_curve_each_with_every_size():
+    tok = byte_tokenizer()
+    models = {name: LoadedModel(name, tiny_llama(len(tok), max_positions=64, layers=layers), tok)
+              for name, layers in (("two", 2), ("four", 4))}
+    curves = profile.measure(models, sizes=(1, 5, 9), repeats=2)
+    assert sorted(curves) == ["four", "two"]
+    assert all(sorted(c) == [1, 5, 9] and all(s > 0 for s in c.values()) for c in curves.values())
+
+
+def test_busy_means_other_work_holds_the_cores(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(profile.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert profile.busy()
+    monkeypatch.setattr(profile.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert not profile.busy()
+
+
+def test_curves_are_cached_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))
+    other = dataclasses.replace(AVX512_BF16, features=("avx2",))
+    profile.save("m|torch|float32|cpu", {1: 0.1, 9: 0.2}, AVX512_BF16)
+    assert profile.cached("m|torch|float32|cpu", AVX512_BF16) == {1: 0.1, 9: 0.2}
+    assert profile.cached("m|torch|float32|cpu", other) is None  # measured elsewhere: not reused
+    assert profile.cached("m|torch|bfloat16|cpu", AVX512_BF16) is None
+
+
+def test_the_rate_rewards_a_flat_curve_and_a_fast_plain_step():
+    flat, steep = {1: 0.1, 9: 0.1}, {1: 0.1, 9: 0.9}
+    assert profile.rate(flat) > profile.rate(steep) == pytest.approx(1 / 0.1)  # plain steps only
+    assert profile.rate({1: 0.05, 9: 0.45}) > profile.rate({1: 0.2, 9: 0.25})
+
+
+@pytest.mark.parametrize("curves, want", [
+    # native bfloat16: flat and faster (a Zen 4 / Sapphire Rapids shape)
+    ({"bfloat16": {1: 0.23, 5: 0.21, 9: 0.25}, "float32": {1: 0.37, 5: 0.74, 9: 0.86}}, "bfloat16"),
+    # emulated bfloat16 that grows with M, float32 slower at M=1: bfloat16 still wins (AVX2 figures)
+    ({"bfloat16": {1: 0.30, 5: 1.0, 9: 1.7}, "float32": {1: 0.76, 5: 2.35, 9: 2.56}}, "bfloat16"),
+    # a machine where float32 is the faster path
+    ({"bfloat16": {1: 0.9, 5: 2.0, 9: 3.0}, "float32": {1: 0.3, 5: 0.5, 9: 0.6}}, "float32"),
+])
+def test_auto_takes_the_dtype_its_measurements_favour(curves, want, monkeypatch):
+    monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
+    monkeypatch.setattr(profile, "cached", lambda key: curves[key])
+    dtype, model, measured = profile.choose_dtype("any-model")
+    assert (dtype, model, measured) == (want, None, curves)  # from the cache: nothing loaded
