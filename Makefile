@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_MODELS := qwen2.5-coder-1.5b smollm2-135m
 ALL_MODELS := smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+LLAMA_BUILD := CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8"
 
 .PHONY: demo test install lint clean-venv
 
@@ -15,8 +16,14 @@ $(BIN)/python:
 install: $(BIN)/python
 	# torch first and pinned: the CPU wheel lies on local disk; unpinned, pip pulls a CUDA build
 	$(BIN)/pip install --quiet torch==2.13.0
-	# the dev extra includes llama-cpp-python, which pip compiles from source: use every core
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[dev]'
+	# the dev extra includes llama-cpp-python, which pip compiles from source: use every core,
+	# and leave out llama.cpp's AMX kernels, which crash on virtual machines (llama.cpp#20824);
+	# no wheel cache: a build with them must not be reused
+	$(LLAMA_BUILD) $(BIN)/pip install --quiet --no-cache-dir -e '.[dev]'
+	# a venv from before that rule: rebuild llama.cpp without AMX
+	@$(BIN)/python -c "import llama_cpp, sys; sys.exit(b'AMX_INT8 = 1' in llama_cpp.llama_print_system_info())" \
+		|| $(LLAMA_BUILD) $(BIN)/pip install --quiet --no-cache-dir --no-deps --force-reinstall \
+		llama-cpp-python==$$($(BIN)/python -c "import llama_cpp; print(llama_cpp.__version__)")
 
 demo: install
 	$(BIN)/anydraft models install $(DEMO_MODELS)

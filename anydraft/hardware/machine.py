@@ -48,8 +48,14 @@ class Machine:
         ]
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
-    name, flags = platform.processor() or platform.machine(), set()
+def cpu_flags() -> frozenset[str]:
+    """Every feature flag the CPU reports (empty where /proc/cpuinfo does not exist)."""
+    return _cpuinfo()[1]
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    name, flags = platform.processor() or platform.machine(), frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -57,7 +63,7 @@ def _cpuinfo() -> tuple[str, set[str]]:
                 if key.strip() == "model name":
                     name = value.strip()
                 elif key.strip() == "flags":
-                    flags = set(value.split())
+                    flags = frozenset(value.split())
                 if flags and name:
                     break
     except OSError:  # not Linux: features unknown, everything is measured anyway

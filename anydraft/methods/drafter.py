@@ -95,9 +95,9 @@ class Drafter:
         if self.target_table is None:
             self._commit(kept, new[kept:])
         else:
-            self.sync_text(self.target_table.decode_bytes(new))
+            self._sync_text(self.target_table.decode_bytes(new))
 
-    def sync_text(self, new_bytes: bytes) -> None:
+    def _sync_text(self, new_bytes: bytes) -> None:
         """Cross vocabulary: ``new_bytes`` were committed after the text of ``ids``."""
         with self.stats.timed("translate"):
             try:

@@ -55,6 +55,23 @@ def _lib():
     return llama_cpp
 
 
+# llama.cpp's AMX kernels (built in when it is compiled on a CPU with AMX) crash with a segfault
+# on virtual machines (ggml-org/llama.cpp#20824; seen here on a Sapphire Rapids VM): a clear
+# error instead, unless the user says their machine runs them
+AMX_FIX = ("CMAKE_ARGS='-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8' "
+           "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python")
+
+
+def check_amx(system_info: str, cpu_flags: frozenset[str]) -> None:
+    """Refuse a llama.cpp build with AMX kernels inside a virtual machine (they crash there)."""
+    if ("AMX_INT8 = 1" in system_info and "hypervisor" in cpu_flags
+            and os.environ.get("ANYDRAFT_LLAMACPP_AMX") != "1"):
+        raise AnydraftError(
+            "this llama.cpp build uses AMX kernels, which crash on virtual machines "
+            f"(llama.cpp issue 20824): rebuild it without them ({AMX_FIX}; `make install` does), "
+            "use the torch backend, or set ANYDRAFT_LLAMACPP_AMX=1 if AMX works on this machine")
+
+
 def _threads() -> int:
     return int(os.environ.get("ANYDRAFT_LLAMACPP_THREADS", 0)) or (os.cpu_count() or 1)
 
@@ -63,7 +80,10 @@ class LlamaCppModel:
     """A GGUF model loaded by llama.cpp (weights only; sessions bring their own context)."""
 
     def __init__(self, name: str, path: str, context: int | None = None):
+        from ..hardware.machine import cpu_flags
+
         lib = _lib()
+        check_amx(lib.llama_print_system_info().decode(errors="replace"), cpu_flags())
         self.name, self.path = name, path
         params = lib.llama_model_default_params()
         self._model = lib.llama_model_load_from_file(path.encode(), params)
