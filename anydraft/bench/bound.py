@@ -7,8 +7,11 @@ target steps, so the expected speedup over plain decoding is
 
     S(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + 1)).
 
-It ignores verification being dearer than one plain step and every overhead (translation,
-sync): measured speedups should fall below it; one above it means the inputs are off.
+Verifying j drafts scores j + 1 tokens in one target call, which costs v_j = T(j+1) / T(1)
+plain steps, read off the target's measured cost curve (hardware/profile.py): 1 where scoring
+is flat, nearly j + 1 where it is compute-bound. With it the round costs j c + v_j steps. The
+bound ignores every other overhead (translation, sync): measured speedups should fall below
+it; one above it means the inputs are off.
 """
 
 from __future__ import annotations
@@ -22,18 +25,36 @@ def expected_tokens_per_round(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def speedup_bound(a: float, k: int, c: float) -> float:
-    """S(a, k, c) = (1 - a^(k+1)) / ((1 - a)(k c + 1)); a in [0, 1], k >= 1, c >= 0."""
+def speedup_bound(a: float, k: int, c: float, verify: float = 1.0) -> float:
+    """(1 - a^(k+1)) / ((1 - a)(k c + v)); a in [0, 1], k >= 1, c >= 0, v = ``verify`` (the cost
+    of scoring k + 1 tokens in plain steps; 1 gives the classic S(a, k, c))."""
     if c < 0:
         raise ValueError(f"cost ratio c must be >= 0, got {c}")
-    return expected_tokens_per_round(a, k) / (k * c + 1.0)
+    return expected_tokens_per_round(a, k) / (k * c + verify)
 
 
-def best_bound(a: float, k: int, c: float) -> float:
-    """max over j = 1..k of S(a, j, c): the speedup of the best fixed draft length up to k,
-    with no overhead. The reference for adaptive drafting, which picks its draft length (at
-    most k) per step; for a fixed k it is S(a, k, c) unless a shorter draft would do better."""
-    return max(speedup_bound(a, j, c) for j in range(1, k + 1))
+def best_bound(a: float, k: int, c: float, verify: list[float] | None = None) -> float:
+    """max over j = 1..k of the bound with draft length j and verification cost ``verify[j-1]``
+    (None: 1, scoring is flat): the speedup of the best fixed draft length up to k, with no
+    overhead. The reference for adaptive drafting, which picks its draft length per step."""
+    return max(speedup_bound(a, j, c, 1.0 if verify is None else verify[j - 1]) for j in range(1, k + 1))
+
+
+def verify_costs(curve: dict[int, float], k: int) -> list[float]:
+    """v_j = T(j+1) / T(1) for j = 1..k from a measured cost curve (tokens scored -> seconds),
+    linear between measured sizes and along the last two beyond them."""
+    sizes = sorted(curve)
+
+    def t(n: float) -> float:
+        lo = max([s for s in sizes if s <= n] or sizes[:1])
+        hi = min([s for s in sizes if s > lo] or sizes[-1:])
+        if hi == lo:
+            lo, hi = sizes[-2:] if len(sizes) > 1 else (lo, lo)
+        if hi == lo:
+            return curve[lo]
+        return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
+
+    return [max(t(j + 1), 0.0) / t(1) for j in range(1, k + 1)]
 
 
 def per_token_acceptance(accepted: int, rejected: int) -> float | None:

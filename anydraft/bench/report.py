@@ -115,7 +115,7 @@ def aggregate(rows: list[dict], k: int) -> dict:
         "acceptance": rate, "a": a,
         "mean_accepted": sum(r["new_tokens"] for r in rows) / calls if calls else None,
         "c": c,
-        "bound": best_bound(a, k, c) if a is not None and c is not None else None,
+        "bound": best_bound(a, k, c, rows[0].get("verify_costs")) if a is not None and c is not None else None,
     }
 
 
@@ -234,10 +234,12 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         "- decode speedup: like speedup vs AR, but after the target's first call (the prompt "
         "read, the same work for both): AR's seconds per token after it / the method's. This "
         "is what the bound models; on long prompts the end-to-end speedup is lower.",
-        f"- bound S(a,k,c): the best over draft lengths j = 1..{k} of S(a,j,c) = "
-        "(1 - a^(j+1)) / ((1 - a)(j c + 1)), the analytic speedup of speculative decoding "
-        "(ALGORITHMS.md section 0) with the best fixed draft length. It ignores that verifying "
-        "j+1 tokens costs more than one plain step and all translation/sync overhead, so "
+        f"- bound S(a,k,c): the best over draft lengths j = 1..{k} of "
+        "(1 - a^(j+1)) / ((1 - a)(j c + v_j)), the analytic speedup of speculative decoding "
+        "(ALGORITHMS.md section 0) with the best fixed draft length, where v_j = T(j+1) / T(1) "
+        "is the target's measured cost of scoring j+1 tokens in one call, in plain steps "
+        "(`anydraft doctor` prints the curve; settings.verify_costs in results.json). It "
+        "ignores translation/sync overhead, so "
         "decode / bound is normally below 1; above 1, the policy gained from acceptance that "
         "varies (drafting more where it is high), which the model's one a cannot show. It also "
         "assumes every token is accepted with the same chance a: copies (lookup, and auto's "

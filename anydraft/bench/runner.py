@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import DraftConfig, check_method
 from ..errors import AnydraftError
+from ..hardware.profile import curve_of
 from ..models.backends import BACKENDS
 from ..sampling import SamplingParams
-from .bound import best_bound, cost_ratio, per_token_acceptance
+from .bound import best_bound, cost_ratio, per_token_acceptance, verify_costs
 
 
 @dataclass
@@ -38,6 +39,7 @@ class BenchSettings:
     repeats: int = 1
     warmup: bool = True
     chat: str = "auto"  # auto | yes | no
+    verify_costs: dict = field(default_factory=dict)  # target backend -> [v_1..v_k] (bound.py)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -155,6 +157,10 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
                for tb in settings.target_backends}
     if "torch" in targets:  # record what "auto" chose
         settings.dtype = common["dtype"] = targets["torch"].dtype
+    # each target's measured cost of scoring j + 1 tokens, in plain steps: the bound's v_j
+    settings.verify_costs = {
+        tb: verify_costs(curve_of(settings.target, t, tb, settings.device, progress_note),
+                         settings.draft.num_draft_tokens) for tb, t in targets.items()}
     sides = backend_sides(settings.target_backends, settings.drafter_backends if settings.drafters else [])
 
     def name_of(key) -> str:
@@ -330,6 +336,7 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "drafter_calls": None,
             "draft_seconds": None, "target_seconds": None, "translate_seconds": None,
             "cost_ratio": None, "bound": None, "num_draft_tokens": None if method == "ar" else k,
+            "verify_costs": settings.verify_costs.get(tb),
             "identical_to_ar": identical, "mismatch_at": None, "mismatch_margin": None,
             "finish_reason": res["finish_reason"], "text": res["text"],
         }
@@ -345,7 +352,7 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
                 ar_s["target_seconds"] - ar_s["prefill_seconds"], ar_s["target_calls"] - 1)
             row["acceptance_per_token"] = a
             row["cost_ratio"] = c
-            row["bound"] = None if c is None or a is None else best_bound(a, k, c)
+            row["bound"] = None if c is None or a is None else best_bound(a, k, c, row["verify_costs"])
         if identical is False:
             where = ""
             if diverge is not None:

@@ -126,15 +126,27 @@ def curves(spec: str, backend: str, dtypes: tuple[str, ...], device: str = "cpu"
         else:
             models[dtype] = load(spec, backend, dtype=dtype, device=device)
     if models:
-        quiet = not busy()
-        if progress:
-            progress(f"measuring {spec} ({backend}: {', '.join(models)}; once per machine)"
-                     + ("" if quiet else ": the machine is busy, so this is not cached"))
-        for dtype, curve in measure(models).items():
-            found[dtype] = curve
-            if quiet:
-                save(model_key(spec, backend, dtype, device), curve)
+        found.update(_measure_and_save(spec, backend, device, models, progress))
     return {d: found[d] for d in dtypes}, models
+
+
+def curve_of(spec: str, loaded, backend: str, device: str = "cpu", progress=None) -> dict[int, float]:
+    """The cost curve of a model already loaded from ``spec`` (cached, or measured now)."""
+    dtype = loaded.dtype or "gguf"
+    curve = cached(model_key(spec, backend, dtype, device))
+    return curve or _measure_and_save(spec, backend, device, {dtype: loaded}, progress)[dtype]
+
+
+def _measure_and_save(spec: str, backend: str, device: str, models: dict, progress) -> dict:
+    quiet = not busy()
+    if progress:
+        progress(f"measuring {spec} ({backend}: {', '.join(models)}; once per machine)"
+                 + ("" if quiet else ": the machine is busy, so this is not cached"))
+    found = measure(models)
+    if quiet:
+        for dtype, curve in found.items():
+            save(model_key(spec, backend, dtype, device), curve)
+    return found
 
 
 def choose_dtype(spec: str, device: str = "cpu", progress=None):

@@ -108,7 +108,9 @@ def test_acceptance_bound_and_cost_ratio(run, models):
         assert r["acceptance"] == 1.0 and r["mean_accepted"] > 1
         k, c, a = r["num_draft_tokens"], r["cost_ratio"], r["acceptance_per_token"]
         assert a == 1.0 and c > 0
-        assert r["bound"] == pytest.approx(max((j + 1) / (j * c + 1) for j in range(1, k + 1)))
+        v = r["verify_costs"]  # the target's measured cost of scoring j + 1 tokens, in plain steps
+        assert len(v) == k and all(x > 0 for x in v)
+        assert r["bound"] == pytest.approx(max((j + 1) / (j * c + v[j - 1]) for j in range(1, k + 1)))
     for r in res["results"]:
         if r["method"] in ("ar", "hf"):
             assert r["bound"] is None and r["cost_ratio"] is None

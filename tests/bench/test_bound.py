@@ -77,3 +77,15 @@ def test_cost_ratio_definition():
     assert cost_ratio(0.2, 40, 1.0, 20) == pytest.approx(0.1)
     assert cost_ratio(0.2, 0, 1.0, 20) is None
     assert cost_ratio(0.2, 40, 0.0, 0) is None
+
+
+def test_verification_costs_come_from_the_measured_curve():
+    from anydraft.bench.bound import verify_costs
+
+    flat = {1: 0.2, 2: 0.18, 5: 0.21, 9: 0.25}
+    assert verify_costs(flat, 3) == pytest.approx([0.9, 0.95, 1.0])  # T(2), T(3) interpolated, T(4)
+    assert verify_costs({1: 0.1, 5: 0.5}, 6)[-1] == pytest.approx(7.0)  # beyond: along the last two
+    compute_bound = {1: 0.03, 2: 0.06, 5: 0.126, 9: 0.238}
+    # the same a and c: a target whose scoring grows with M bounds the speedup far lower
+    assert best_bound(0.8, 5, 0.05, verify_costs(compute_bound, 5)) < 1 < best_bound(0.8, 5, 0.05)
+    assert best_bound(0.8, 5, 0.05, [1.0] * 5) == best_bound(0.8, 5, 0.05)
