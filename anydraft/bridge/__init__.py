@@ -2,7 +2,7 @@
 
 from .intersection import VocabIntersection, intersect
 from .report import format_pair_report, pair_report
-from .translate import continue_tokens, resync, stable_prefix_len, unstable_tail
+from .translate import continue_tokens, resync
 from .vocab import (
     TokenTable,
     UnspellableBytes,
@@ -24,7 +24,5 @@ __all__ = [
     "resync",
     "same_tokenizer",
     "split_utf8",
-    "stable_prefix_len",
     "token_table",
-    "unstable_tail",
 ]

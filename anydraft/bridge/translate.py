@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .vocab import TokenTable, split_utf8, token_table
+from .vocab import TokenTable, token_table
 
 FIRST_WINDOW = 8  # tokens of lookbehind tried first
 MAX_WINDOW = 256  # the window stops growing here (never reached in the test corpus)
@@ -123,60 +123,3 @@ def resync(
         return n, feed[1:]
     return n - 1, feed
 
-
-WORD_BREAK = frozenset(b" \t\n\r")
-MAX_UNSTABLE = 16  # never hold back more tokens than this
-
-
-def stable_prefix_len(table, ids: Sequence[int], final: bool = False) -> int:
-    """How many leading tokens of ``ids`` (a re-encoded draft) more text will not change.
-
-    With ``final`` (no text follows) all are stable. Otherwise these trailing tokens are
-    unstable, and the caller re-translates them together with the next text:
-      - tokens holding an unfinished UTF-8 character (its byte tokens become one token);
-      - the last word, i.e. the tokens from the last one that starts with whitespace and
-        follows a non-whitespace token:
-        BPE segments a word prefix differently from the whole word ("at|om" vs "atom|ically");
-      - the longest run of trailing tokens whose joined bytes are a proper prefix of some
-        longer token (a merge across the end: " " + "x" -> " x", "\n" + "\n" -> "\n\n").
-    At most `MAX_UNSTABLE` tokens are held back."""
-    table = token_table(table)
-    n = len(ids)
-    if final or not n:
-        return n
-    tb = table.token_bytes
-    special = table.special_ids
-    floor = max(0, n - MAX_UNSTABLE)
-
-    def b(k: int) -> bytes:
-        t = int(ids[k])
-        return tb[t] if 0 <= t < len(tb) and t not in special else b""
-
-    if int(ids[-1]) in special:
-        return n
-    keep = n
-    # unfinished character
-    _, pending = split_utf8(b"".join(b(k) for k in range(max(floor, n - 4), n)))
-    while pending and keep > floor:
-        keep -= 1
-        pending = pending[: max(0, len(pending) - len(b(keep)))]
-    # last word
-    k = n - 1
-    # (a whitespace-only token before it belongs to the word too: regexes like
-    # `\s+(?!\S)` re-split a run of spaces once the next word arrives)
-    while k > floor and b(k) and b(k - 1) and (b(k)[0] not in WORD_BREAK or not b(k - 1).strip()):
-        k -= 1
-    keep = min(keep, k)
-    # merge with a longer token
-    k, tail = n - 1, b(n - 1)
-    if tail and table.extendable_prefix(tail):
-        while k > floor and b(k - 1) and table.extendable_prefix(b(k - 1) + tail, proper=False):
-            k -= 1
-            tail = b(k) + tail
-        keep = min(keep, k)
-    return keep
-
-
-def unstable_tail(table, ids: Sequence[int]) -> int:
-    """Number of trailing tokens of ``ids`` that more text could change."""
-    return len(ids) - stable_prefix_len(table, ids)

@@ -16,8 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -147,36 +146,6 @@ class TokenTable:
     def decode(self, ids: Iterable[int]) -> tuple[str, bytes]:
         """(complete text, held-back incomplete UTF-8 tail) of ``ids``; see `split_utf8`."""
         return split_utf8(self.decode_bytes(ids))
-
-    # --- per-id properties ---------------------------------------------------------------
-    @functools.cached_property
-    def extendable(self) -> tuple[bool, ...]:
-        """``extendable[i]``: some longer non-special token's bytes start with token i's bytes,
-        so a tokenizer seeing more text after token i might merge across (the last token of a
-        re-encoded draft is unstable exactly when this is true)."""
-        tb = self.token_bytes
-        keys = sorted({b for i, b in enumerate(tb) if b and i not in self.special_ids})
-        ext = set()
-        for j, k in enumerate(keys[:-1]):
-            # In sorted order, the strings that extend k immediately follow k.
-            if keys[j + 1].startswith(k):
-                ext.add(k)
-        return tuple(bool(b in ext and i not in self.special_ids) for i, b in enumerate(tb))
-
-    def extendable_prefix(self, data: bytes, proper: bool = True) -> bool:
-        """Whether some non-special token starts with ``data`` (and, if ``proper``, is longer)."""
-        keys = self._sorted_keys
-        j = bisect_left(keys, data)
-        if proper:
-            while j < len(keys) and keys[j] == data:
-                j += 1
-        return j < len(keys) and keys[j].startswith(data)
-
-    @functools.cached_property
-    def _sorted_keys(self) -> list[bytes]:
-        return sorted(
-            {b for i, b in enumerate(self.token_bytes) if b and i not in self.special_ids}
-        )
 
 
 def split_utf8(data: bytes) -> tuple[str, bytes]:
@@ -376,7 +345,3 @@ def same_tokenizer(a, b) -> bool:
     ta, tb = token_table(a), token_table(b)
     return ta is tb or (ta.token_bytes == tb.token_bytes and ta.special_ids == tb.special_ids)
 
-
-def as_ids(ids: Sequence[int]) -> list[int]:
-    """Plain ints from a list/tuple/tensor of ids."""
-    return [int(i) for i in ids]
