@@ -10,7 +10,6 @@ decoding pays where the curve is flat; plain decoding lives at M = 1. Measured o
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -21,8 +20,8 @@ from .machine import Machine, this_machine
 SIZES = (1, 2, 5, 9, 17, 33)  # tokens scored in one call
 CONTEXT = 200  # tokens already in the cache, as in a short chat
 REPEATS = 3  # median of this many calls per size (these machines are noisy)
-# a 1-minute load average above this share of the cores means other work is running
-BUSY_SHARE = 0.5
+# other processes using more than this share of all cores make the machine busy
+BUSY_SHARE = 0.25
 
 
 def measure(models: dict, sizes=SIZES, repeats=REPEATS) -> dict[str, dict[int, float]]:
@@ -50,13 +49,29 @@ def measure(models: dict, sizes=SIZES, repeats=REPEATS) -> dict[str, dict[int, f
     return {name: {m: statistics.median(t) for m, t in curve.items()} for name, curve in times.items()}
 
 
-def busy() -> bool:
-    """Whether other work holds the cores: measurements taken now say little about this
-    machine, so they are used for this run but not cached."""
+def busy(seconds: float = 0.5) -> bool:
+    """Whether other processes keep the cores busy: measurements taken now say little about
+    this machine, so they are used for this run but not cached. Reads the CPU time the whole
+    machine and this process spent over ``seconds`` (a load average would count this
+    process's own recent work)."""
     try:
-        return os.getloadavg()[0] > BUSY_SHARE * (os.cpu_count() or 1)
-    except OSError:  # no load average on this platform
+        before = _cpu_jiffies()
+        time.sleep(seconds)
+        after = _cpu_jiffies()
+    except OSError:  # no /proc: assume a quiet machine
         return False
+    total, used, mine = (b - a for a, b in zip(before, after, strict=True))
+    return total > 0 and (used - mine) / total > BUSY_SHARE
+
+
+def _cpu_jiffies() -> tuple[int, int, int]:
+    """(all CPU time, busy CPU time, this process's CPU time), in clock ticks."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    with open("/proc/self/stat") as f:
+        stat = f.read().rsplit(")", 1)[1].split()
+    return sum(fields), sum(fields) - idle, int(stat[11]) + int(stat[12])  # utime + stime
 
 
 def _path(machine: Machine) -> Path:

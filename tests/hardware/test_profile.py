@@ -43,12 +43,15 @@ def test_models_measured_together_get_a_curve_each_with_every_size():
     assert all(sorted(c) == [1, 5, 9] and all(s > 0 for s in c.values()) for c in curves.values())
 
 
-def test_busy_means_other_work_holds_the_cores(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))
-    monkeypatch.setattr(profile.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
-    assert profile.busy()
-    monkeypatch.setattr(profile.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
-    assert not profile.busy()
+def test_busy_counts_other_processes_not_this_one(monkeypatch):
+    total, used, mine = profile._cpu_jiffies()  # the real counters read
+    assert total >= used >= 0 and mine >= 0
+    samples = iter([(1000, 100, 50), (1200, 300, 240)])  # 200 ticks: 190 of them ours
+    monkeypatch.setattr(profile, "_cpu_jiffies", lambda: next(samples))
+    assert not profile.busy(0)
+    samples = iter([(1000, 100, 50), (1200, 280, 60)])  # others used 170 of 200
+    monkeypatch.setattr(profile, "_cpu_jiffies", lambda: next(samples))
+    assert profile.busy(0)
 
 
 def test_curves_are_cached_per_machine(tmp_path, monkeypatch):
