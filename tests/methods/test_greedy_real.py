@@ -3,8 +3,9 @@ decoding of the target (float32; the drafter in bfloat16, or quantized in llama.
 Spec-Bench prompts of mixed categories, chat template. The draft length is fixed so that every
 step drafts (tests/methods/test_policy.py proves any schedule of draft lengths exact).
 
-Sized for a 2-core AVX2 CPU: each target reads a few categories of its own (together they
-cover all ten), 32 new tokens each; every method and every drafter backend runs at least once."""
+Sized for a 2-core AVX2 CPU (where plain float32 decoding of the 1.5B takes ~0.8 s a token):
+each target reads two or three categories of its own, 32 new tokens each; every method and
+every drafter backend runs at least once."""
 
 import pytest
 
@@ -33,9 +34,9 @@ def mixed_prompts(n=10):
 # reasoning, math, coding, extraction, stem, humanities, translation, summarization). The
 # pairs of one target share its plain outputs; the 1.5B target, the slowest, reads the least.
 PROMPTS = {
-    "qwen2.5-coder-0.5b": [4, 5, 9],  # code (lookup copies), a list of reviews, a long article
-    "smollm2-135m": [0, 1, 2, 3, 6],
-    "qwen2.5-coder-1.5b": [7, 8],
+    "qwen2.5-coder-0.5b": [4, 8],  # code (lookup copies), German (multi-byte UTF-8 across vocabularies)
+    "smollm2-135m": [0, 3, 9],  # prose, math, a long article (the drafter reads its last 64 tokens)
+    "qwen2.5-coder-1.5b": [2],
 }
 PAIRS = [  # target, drafter, drafter backend, methods
     ("qwen2.5-coder-0.5b", "smollm2-135m", "torch", ["slem", "tli", "lookup"]),  # greedy slrs is slem
