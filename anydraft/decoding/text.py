@@ -34,11 +34,13 @@ class TextAssembler:
             return False
         start = len(self._text)
         self._text += self._decoder.decode(self._token_bytes[token_id])
-        for stop in self._stop:
-            at = self._text.find(stop, max(0, start - len(stop) + 1))
-            if at >= 0:
-                self._text = self._text[:at]
-                self.stopped = True
+        # the earliest match over all stops, whatever their order: with stops ["bc", "ab"],
+        # "xa" + "bc" ends at "x" (the text before any stop never holds a whole one)
+        found = [at for stop in self._stop
+                 if (at := self._text.find(stop, max(0, start - len(stop) + 1))) >= 0]
+        if found:
+            self._text = self._text[:min(found)]
+            self.stopped = True
         return self.stopped
 
     @property
