@@ -2,7 +2,7 @@
 
 from .intersection import VocabIntersection, intersect
 from .report import format_pair_report, pair_report
-from .translate import continue_tokens, resync
+from .translate import continue_tokens, resync, spellable
 from .vocab import (
     TokenTable,
     UnspellableBytes,
@@ -23,6 +23,7 @@ __all__ = [
     "pair_report",
     "resync",
     "same_tokenizer",
+    "spellable",
     "split_utf8",
     "token_table",
 ]

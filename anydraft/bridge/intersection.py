@@ -60,26 +60,34 @@ def intersect(
     drafter_vocab_size: int | None = None,
 ) -> VocabIntersection:
     """Build the intersection of two tokenizers (or `TokenTable`s). Vocab sizes default to
-    the tokenizers' lengths; pass the models' logit widths when they are padded wider."""
+    the tokenizers' lengths; pass the models' logit widths. A wider width (padding) adds
+    unmapped ids; a narrower one (a tokenizer longer than the model's vocabulary) leaves the
+    ids past it unmapped, since the model can neither draft nor score them. The tensors are
+    as long as the longer of width and tokenizer, so any id of either indexes them."""
     t, d = token_table(target), token_table(drafter)
     nt = max(target_vocab_size or 0, len(t))
     nd = max(drafter_vocab_size or 0, len(d))
     d2t = torch.full((nd,), -1, dtype=torch.long)
     t2d = torch.full((nt,), -1, dtype=torch.long)
     identity = same_tokenizer(t, d)
+    t_width = target_vocab_size or len(t)  # ids the models have logits for
+    d_width = drafter_vocab_size or len(d)
     if identity:
-        n = min(len(t), len(d))
+        n = min(len(t), len(d), t_width, d_width)
         ar = torch.arange(n)
         d2t[:n] = ar
         t2d[:n] = ar
     else:
         tmap = _by_bytes(t)
-        pairs = [(di, tmap[b]) for b, di in _by_bytes(d).items() if b in tmap]
+        pairs = [(di, tmap[b]) for b, di in _by_bytes(d).items()
+                 if b in tmap and di < d_width and tmap[b] < t_width]
         used_d, used_t = {p[0] for p in pairs}, {p[1] for p in pairs}
         for d_role, t_role in ((d.eos_id, t.eos_id), (d.bos_id, t.bos_id)):
             if (
                 d_role is not None
                 and t_role is not None
+                and d_role < d_width
+                and t_role < t_width
                 and d_role not in used_d
                 and t_role not in used_t
             ):

@@ -87,6 +87,18 @@ def continue_tokens(table, context_ids: Sequence[int], data: bytes) -> list[int]
         w *= 2
 
 
+def spellable(table, data: bytes) -> bytes:
+    """The part of ``data`` before the first byte that no single token of ``table`` spells
+    (SmolLM2 has no token for 0x04, 0xF1, ...: a Gemma-3 drafter can draft `<0x04>`).
+    `encode_bytes` can spell every byte of what is returned, so `continue_tokens` on it
+    never raises `UnspellableBytes` for the data (a draft is cut there, not failed)."""
+    byte_ids = token_table(table).byte_ids
+    for i, b in enumerate(data):
+        if byte_ids[b] is None:
+            return data[:i]
+    return data
+
+
 def resync(
     table, context_ids: Sequence[int], draft_ids: Sequence[int], new_bytes: bytes
 ) -> tuple[int, list[int]]:
@@ -117,8 +129,8 @@ def resync(
     tail_ctx = [int(i) for i in context_ids[-MAX_WINDOW:]]
     if n == 0:
         return 0, continue_tokens(table, tail_ctx, rest)
-    last = draft[n - 1]
-    feed = continue_tokens(table, tail_ctx + draft[: n - 1], tb[last] + rest)
+    last = draft[n - 1]  # an id past the tokenizer (padded logits) spells nothing
+    feed = continue_tokens(table, tail_ctx + draft[: n - 1], table.decode_bytes([last]) + rest)
     if feed and feed[0] == last:
         return n, feed[1:]
     return n - 1, feed

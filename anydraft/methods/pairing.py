@@ -53,6 +53,21 @@ class Pairing:
         return intersect(self.target_table, self.drafter_table, self.target_vocab_size,
                          self.drafter_vocab_size)
 
+    @functools.cached_property
+    def target_eos(self) -> int | None:
+        """The target id a drafted EOS becomes: the tokenizer's EOS, else any id that ends a
+        generation; None when the target has none (a drafted EOS is then not proposed)."""
+        table = self.target_table
+        return table.eos_id if table.eos_id is not None else min(table.eos_ids, default=None)
+
+    def scorable(self, candidates: list[int]) -> list[int]:
+        """``candidates`` up to the first id the target has no logits row for (a tokenizer
+        longer than the model's vocabulary): the target could neither score nor emit it."""
+        for i, t in enumerate(candidates):
+            if not 0 <= t < self.target_vocab_size:
+                return candidates[:i]
+        return candidates
+
     def new_drafter(self, state, same_ids: bool) -> Drafter:
         """A drafter session reading the prompt: the same ids, or the prompt's text re-encoded.
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..bridge.translate import continue_tokens
+from ..bridge import UnspellableBytes
+from ..bridge.translate import continue_tokens, spellable
 from .pairing import Pairing
 from .policy import room
 from .row import Row
@@ -35,14 +36,20 @@ class StringLevelExactMatch:
                                      pairing.confidence, dtable.eos_ids, read)
         ends = bool(drafts) and drafts[-1] in dtable.eos_ids
         with state.stats.timed("translate"):
-            text = dtable.decode_bytes(drafts[:-1] if ends else drafts)
-            candidates = continue_tokens(ttable, state.committed, text)
-            if ends:
-                candidates.append(ttable.eos_id)
+            drafted = dtable.decode_bytes(drafts[:-1] if ends else drafts)
+            # a byte the target cannot spell ends the draft (Gemma-3 drafts <0x04>, SmolLM2
+            # has no token for it): the text before it is still a proposal
+            text = spellable(ttable, drafted)
+            try:
+                candidates = continue_tokens(ttable, state.committed, text)
+            except UnspellableBytes:  # the committed tail itself: nothing to propose
+                candidates = []
+            if ends and text == drafted and pairing.target_eos is not None:
+                candidates.append(pairing.target_eos)
         # The last candidate may be a prefix of a longer target token (the draft ended
         # mid-word). Keeping it costs nothing: if the target disagrees, its own token is
         # emitted at that position anyway.
-        return Proposal(candidates[: room(state)], qs, drafts)
+        return Proposal(pairing.scorable(candidates)[: room(state)], qs, drafts)
 
     def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:
         return verify_exact(logits, proposal.candidates, state.params, state.generator)

@@ -109,24 +109,41 @@ class ByteTrie:
         return np.array([s[0] for s in spans]), np.array([s[1] for s in spans])
 
 
+# A range mass below this share of the prefix sum it is read from is summed directly: the
+# difference of two prefix sums loses the digits of a tiny mass (1 + 1e-20 - 1 == 0), and a
+# zero where the mass is positive gives 0/0 in a conditional and NaN in a draw
+CANCELLATION = 1e-6
+
+
 class Masses:
-    """Prefix sums of one distribution in trie order: any range mass in O(1)."""
+    """Prefix sums of one distribution in trie order: any range mass in O(1) (exactly summed
+    where the prefix sums would cancel: a positive mass never reads as 0)."""
 
     def __init__(self, trie: ByteTrie, probs: torch.Tensor):
         self.trie = trie
         probs = probs.double()
         short = len(trie.table.token_bytes) - len(probs)
         self.probs = torch.cat([probs, probs.new_zeros(short)]) if short > 0 else probs
-        self.cum = np.concatenate([[0.0], np.cumsum(self.probs[trie.order].numpy())])
+        self.sorted = np.append(self.probs[trie.order].numpy(), 0.0)  # 0: reduceat's end index
+        self.cum = np.concatenate([[0.0], np.cumsum(self.sorted[:-1])])
         self.eos = float(self.probs[trie.eos].sum())
         self.other = float(self.probs[trie.other(len(self.probs))].sum())
 
-    def range(self, lo, hi):
-        return self.cum[hi] - self.cum[lo]
+    def range(self, lo, hi) -> float:
+        mass = self.cum[hi] - self.cum[lo]
+        if mass <= CANCELLATION * self.cum[hi] and hi > lo:
+            mass = float(self.sorted[lo:hi].sum())
+        return mass
 
     def children(self, prefix: bytes) -> np.ndarray:
+        """The 256 masses of prefix + b, b = 0..255 (disjoint, ascending ranges)."""
         lo, hi = self.trie.child_spans(prefix)
-        return self.cum[hi] - self.cum[lo]
+        mass = self.cum[hi] - self.cum[lo]
+        fix = (mass <= CANCELLATION * self.cum[hi]) & (hi > lo)
+        if fix.any():
+            bounds = np.stack([lo[fix], hi[fix]], axis=1).ravel()
+            mass[fix] = np.add.reduceat(self.sorted, bounds)[::2]
+        return mass
 
     def ids_in(self, lo: int, hi: int) -> torch.Tensor:
         return self.trie.order[lo:hi]
@@ -147,7 +164,7 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
         drafts, qs = drafter.propose(k, params.probs, False, state.generator,
                                      pairing.confidence, pairing.drafter_table.eos_ids, read)
         with state.stats.timed("translate"):
-            candidates = self._munch(drafts)[: room(state)]
+            candidates = pairing.scorable(self._munch(drafts))[: room(state)]
         return Proposal(candidates, qs, drafts)
 
     def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:
@@ -180,8 +197,10 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
                     dist[EOS] = m.eos
                     dist[NOMATCH] = m.other
                 else:
-                    lo, hi = trie.exact(r)
-                    dist[:256] = m.children(r) / (m.range(*trie.span(r)) - m.range(lo, hi))
+                    # Mq(r) - Eq(r) is the mass of the tokens strictly longer than r: in trie
+                    # order they follow those spelling exactly r. One range, never a difference
+                    # of two, which can cancel to 0 (0/0) when q(d) is tiny next to q(r)
+                    dist[:256] = m.children(r) / m.range(trie.exact(r)[1], trie.span(r)[1])
                 yield dist, outcome
                 if outcome < 256:
                     r += bytes([outcome])
@@ -196,7 +215,8 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
                     if (tok := self._canonical(x)) is None:
                         return out
                     out.append(tok)
-                out.append(self.pairing.target_table.eos_id)
+                if self.pairing.target_eos is not None:  # a target without EOS: none to offer
+                    out.append(self.pairing.target_eos)
                 return out
             tb = dtable.token_bytes[d] if d < len(dtable.token_bytes) else b""
             if not tb or d in dtable.special_ids:

@@ -39,7 +39,9 @@ class TokenLevelIntersection:
         mask = self.map.drafter_mask
 
         def to_probs(logits: torch.Tensor):
-            q = params.probs(logits.masked_fill(~mask, -math.inf))
+            # the mask is as long as the longer of logits and tokenizer: ids past the logits
+            # are unmapped (bridge.intersect), so the first ``width`` entries are the mask
+            q = params.probs(logits.masked_fill(~mask[: logits.shape[-1]], -math.inf))
             return None if not bool(torch.isfinite(q).all()) else q
 
         return to_probs

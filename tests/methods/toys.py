@@ -8,6 +8,7 @@ the token ids so far: any function will do, losslessness must hold for all of th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import defaultdict
 
@@ -97,19 +98,30 @@ class Enumerator:
 
 
 class Toys:
-    def __init__(self):
+    """A target and a drafter toy. The defaults are the pair above; ``drafter_vocab`` (merges
+    over its own tokens), the logits widths (wider: padded; narrower: a tokenizer longer than
+    the model) and ``target_eos=False`` (a target tokenizer without EOS) vary it."""
+
+    def __init__(self, drafter_vocab=DRAFTER_VOCAB, drafter_merges=DRAFTER_MERGES,
+                 target_width=None, drafter_width=None, target_eos=True):
         self.target_tok = toy_tokenizer(TARGET_VOCAB, TARGET_MERGES)
-        self.drafter_tok = toy_tokenizer(DRAFTER_VOCAB, DRAFTER_MERGES)
+        self.drafter_tok = toy_tokenizer(drafter_vocab, drafter_merges)
         self.target_table = token_table(self.target_tok)
+        if not target_eos:  # "<eos>" stays a special token, but nothing ends a generation
+            self.target_table = dataclasses.replace(self.target_table, eos_id=None,
+                                                    eos_ids=frozenset())
         self.drafter_table = token_table(self.drafter_tok)
+        self.target_width = target_width or len(TARGET_VOCAB)
+        self.drafter_width = drafter_width or len(drafter_vocab)
 
     def pairing(self, num_draft_tokens=2, drafter_salt="drafter"):
-        return Pairing(self.target_table, self.drafter_table, len(TARGET_VOCAB), len(DRAFTER_VOCAB),
-                       lambda: ToySession(len(DRAFTER_VOCAB), drafter_salt), [], num_draft_tokens)
+        width = self.drafter_width
+        return Pairing(self.target_table, self.drafter_table, self.target_width, width,
+                       lambda: ToySession(width, drafter_salt), [], num_draft_tokens)
 
     def exact_target_distribution(self, prompt, params, max_new_tokens) -> dict:
         """Plain sampling from the target, computed by recursion, independently of the loop."""
-        session = ToySession(len(TARGET_VOCAB), "target")
+        session = ToySession(self.target_width, "target")
         eos = self.target_table.eos_ids
         dist = defaultdict(float)
 
@@ -131,7 +143,7 @@ class Toys:
         todo, paths = [[]], 0
         while todo:
             gen = Enumerator(todo.pop())
-            state = DecodeState(ToySession(len(TARGET_VOCAB), "target"), list(prompt), params, gen, Stats())
+            state = DecodeState(ToySession(self.target_width, "target"), list(prompt), params, gen, Stats())
             text = TextAssembler(self.target_table.token_bytes, self.target_table.special_ids)
             out = [t for chunk in decode(state, make_method(), max_new_tokens,
                                          self.target_table.eos_ids, text, Finish()) for t in chunk]
