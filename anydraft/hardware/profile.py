@@ -120,29 +120,47 @@ def fastest(curves: dict[str, dict[int, float]]) -> str:
 
 
 def candidates(device: str) -> tuple[str, ...]:
-    """The dtypes ``auto`` measures: bfloat16 is measured even where the CPU emulates it (a
-    memory-bound plain step can still gain from half the bytes)."""
+    """The execution paths ``auto`` measures for a torch model: float32 on the default kernels
+    and on oneDNN (models/kernels.py) where it runs; bfloat16 only where the CPU computes it
+    natively (emulated, its cost grows with the tokens scored: a verification costs nearly a
+    plain step per token); float16 on CUDA."""
+    import torch
+
+    from ..models.kernels import SUFFIX, available
+
     if str(device).startswith("cuda"):
         return ("bfloat16", "float16", "float32")
-    return ("bfloat16", "float32")
+    paths = ["float32"]
+    if available(torch.float32, device):
+        paths.append("float32" + SUFFIX)
+    if this_machine().native_bf16:
+        paths.append("bfloat16")
+        if available(torch.bfloat16, device):
+            paths.append("bfloat16" + SUFFIX)
+    return tuple(paths)
 
 
-def curves(spec: str, backend: str, dtypes: tuple[str, ...], device: str = "cpu", progress=None,
-           remeasure: bool = False) -> tuple[dict, dict]:
-    """``({dtype: curve}, {dtype: LoadedModel loaded to measure it})`` for ``spec`` on
-    ``backend``: cached curves where there are any, the others measured together."""
+def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu", progress=None,
+           remeasure: bool = False) -> tuple[dict, object]:
+    """``({path: curve}, the fastest path's LoadedModel or None)`` for ``spec`` on ``backend``:
+    cached curves where there are any, the others measured one model at a time (a few models
+    of a few GB each would not fit in memory together). The fastest model stays loaded when
+    this call loaded it, so it is not loaded twice."""
     from ..models.backends import load
 
-    found, models = {}, {}
-    for dtype in dtypes:
-        curve = None if remeasure else cached(model_key(spec, backend, dtype, device))
+    found, keep = {}, None
+    for path in paths:
+        curve = None if remeasure else cached(model_key(spec, backend, path, device))
         if curve is not None:
-            found[dtype] = curve
-        else:
-            models[dtype] = load(spec, backend, dtype=dtype, device=device)
-    if models:
-        found.update(_measure_and_save(spec, backend, device, models, progress))
-    return {d: found[d] for d in dtypes}, models
+            found[path] = curve
+            continue
+        model = load(spec, backend, dtype=path, device=device)
+        found.update(_measure_and_save(spec, backend, device, {path: model}, progress))
+        if fastest(found) == path:
+            keep = model
+        del model
+    best = fastest(found)
+    return {p: found[p] for p in paths}, (keep if keep is not None and keep.dtype == best else None)
 
 
 def curve_of(spec: str, loaded, backend: str, device: str = "cpu", progress=None) -> dict[int, float]:
@@ -165,14 +183,13 @@ def _measure_and_save(spec: str, backend: str, device: str, models: dict, progre
 
 
 def choose_dtype(spec: str, device: str = "cpu", progress=None):
-    """``(dtype, model or None, {dtype: curve})`` for ``dtype="auto"``: the candidate whose
+    """``(path, model or None, {path: curve})`` for ``dtype="auto"``: the dtype and kernels whose
     measured curve gives the most expected tokens per second (`rate`). The model is returned
     when the choice loaded it (so it is not loaded twice)."""
-    found, models = curves(spec, "torch", candidates(device), device, progress)
+    found, model = curves(spec, "torch", candidates(device), device, progress)
     best = fastest(found)
     if progress:
         progress(f"dtype auto: {spec} in {best} ({explain(found)})")
-    model = models.get(best)
     return best, (model.model if model is not None else None), found
 
 

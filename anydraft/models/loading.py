@@ -113,19 +113,38 @@ def load_tokenizer(spec: str):
         raise _hub_error(source, exc) from exc
 
 
-def parse_dtype(dtype, allow_auto: bool = False):
-    """The torch dtype of a name (or ``"auto"`` itself, where allowed); clear error otherwise."""
+def split_kernels(dtype) -> tuple[object, bool]:
+    """``(dtype without the kernel suffix, whether it asks for oneDNN linear layers)``:
+    ``"float32+onednn"`` is float32 weights on oneDNN kernels (models/kernels.py)."""
+    from .kernels import SUFFIX
+
+    if isinstance(dtype, str) and dtype.endswith(SUFFIX):
+        return dtype[: -len(SUFFIX)], True
+    return dtype, False
+
+
+def parse_dtype(dtype, allow_auto: bool = False, device: str = "cpu"):
+    """The torch dtype of a name, with or without the ``+onednn`` kernel suffix (or ``"auto"``
+    itself, where allowed); clear error otherwise."""
     import torch
+
+    from . import kernels
 
     if allow_auto and dtype == AUTO:
         return AUTO
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise AnydraftError(f"dtype {dtype} not supported: use auto, float32, bfloat16 or float16")
-        return dtype
-    if dtype not in DTYPES:
-        raise AnydraftError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
-    return getattr(torch, DTYPES[dtype])
+    name, onednn = split_kernels(dtype)
+    if isinstance(name, torch.dtype):
+        if name not in (torch.float32, torch.bfloat16, torch.float16):
+            raise AnydraftError(f"dtype {name} not supported: use auto, float32, bfloat16 or float16")
+        return name
+    if name not in DTYPES:
+        raise AnydraftError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16, "
+                            f"optionally with {kernels.SUFFIX} (e.g. float32{kernels.SUFFIX})")
+    torch_dtype = getattr(torch, DTYPES[name])
+    if onednn and not kernels.available(torch_dtype, device):
+        raise AnydraftError(f"oneDNN linear layers do not run {name} on this machine ({device}): "
+                            f"use float32{kernels.SUFFIX}, or {name} without {kernels.SUFFIX}")
+    return torch_dtype
 
 
 def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
@@ -136,7 +155,8 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
     """
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = parse_dtype(dtype, device=device)
+    onednn = split_kernels(dtype)[1]
     source = resolve(spec)
     start = time.perf_counter()
     if source.gguf_file is not None:
@@ -165,6 +185,10 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
     except OSError as exc:
         raise _hub_error(source, exc) from exc
     model.to(device).eval()
+    if onednn:
+        from .kernels import pack
+
+        pack(model)
     if progress:
-        progress(f"loaded {spec} ({torch_dtype}) in {time.perf_counter() - start:.1f} s")
+        progress(f"loaded {spec} ({dtype}) in {time.perf_counter() - start:.1f} s")
     return model

@@ -76,9 +76,28 @@ def test_the_rate_rewards_a_flat_curve_and_a_fast_plain_step():
     ({"bfloat16": {1: 0.30, 5: 1.0, 9: 1.7}, "float32": {1: 0.76, 5: 2.35, 9: 2.56}}, "bfloat16"),
     # a machine where float32 is the faster path
     ({"bfloat16": {1: 0.9, 5: 2.0, 9: 3.0}, "float32": {1: 0.3, 5: 0.5, 9: 0.6}}, "float32"),
+    # oneDNN float32 flatter than the default kernels (Zen 3, AVX2: docs/hardware.md)
+    ({"float32": {1: 0.42, 5: 1.24, 9: 1.29}, "float32+onednn": {1: 0.30, 5: 0.45, 9: 0.50}},
+     "float32+onednn"),
 ])
-def test_auto_takes_the_dtype_its_measurements_favour(curves, want, monkeypatch):
+def test_auto_takes_the_path_its_measurements_favour(curves, want, monkeypatch):
+    monkeypatch.setattr(profile, "candidates", lambda device: tuple(curves))
     monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
     monkeypatch.setattr(profile, "cached", lambda key: curves[key])
     dtype, model, measured = profile.choose_dtype("any-model")
     assert (dtype, model, measured) == (want, None, curves)  # from the cache: nothing loaded
+
+
+def test_the_candidates_follow_the_machine(monkeypatch):
+    import torch
+
+    from anydraft.models import kernels
+
+    native = dataclasses.replace(AVX512_BF16)
+    avx2 = dataclasses.replace(AVX512_BF16, features=("avx2",), torch_kernels="AVX2")
+    monkeypatch.setattr(profile, "this_machine", lambda: avx2)
+    assert "bfloat16" not in profile.candidates("cpu")  # emulated: not a candidate
+    assert ("float32+onednn" in profile.candidates("cpu")) == kernels.available(torch.float32)
+    monkeypatch.setattr(profile, "this_machine", lambda: native)
+    assert {"float32", "bfloat16"} <= set(profile.candidates("cpu"))
+    assert "float16" in profile.candidates("cuda")
