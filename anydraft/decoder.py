@@ -13,7 +13,7 @@ override single fields of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from . import methods
@@ -54,7 +54,7 @@ class Decoder:
         tokenizer=None,
         drafter_tokenizer=None,
         progress=None,
-        backend: str = "torch",
+        backend: str = "auto",
         drafter_backend: str | None = None,
         method: str | None = None,
         num_draft_tokens: int | None = None,
@@ -73,7 +73,7 @@ class Decoder:
         self.drafter = None
         if drafter is not None:
             self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,
-                                device, progress)
+                                device, progress, role="drafter")
             if self.drafter.device != self.target.device:
                 raise AnydraftError(
                     f"drafter is on {self.drafter.device} but the target is on "
@@ -113,7 +113,7 @@ class Decoder:
         return ids
 
     # -- generation ------------------------------------------------------------------------
-    def _run(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts):
+    def _run(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts, cancel=None):
         method = self.draft.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -129,7 +129,7 @@ class Decoder:
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
         finish = Finish()
         steps = decode(state, self._method_factory(method, params, max_new_tokens), max_new_tokens,
-                       self.eos_ids, text, finish)
+                       self.eos_ids, text, finish, cancel)
         return state, text, finish, steps
 
     def generate(
@@ -171,15 +171,19 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        cancel: Callable[[], str | None] | None = None,
     ) -> TextStream:
         """Text deltas as tokens are committed (never splitting a UTF-8 character); the
         arguments are `generate`'s.
 
         Bad input raises here, before iteration. Once iterated to the end, the returned
         stream's ``.output`` holds the `GenerationOutput` (token ids, stats, finish reason).
+        ``cancel`` (for servers) is asked between prompt chunks and before every step; a
+        non-empty answer ends the stream with that string as the finish reason.
         """
         shortcuts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        return TextStream(*self._run(prompt, max_new_tokens, sampling, chat, stop, method, shortcuts))
+        return TextStream(*self._run(prompt, max_new_tokens, sampling, chat, stop, method, shortcuts,
+                                     cancel))
 
 
 class TextStream:
@@ -188,6 +192,11 @@ class TextStream:
     def __init__(self, state, text, finish, steps):
         self._state, self._text, self._finish, self._steps = state, text, finish, steps
         self.output: GenerationOutput | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Length of the tokenized prompt (known before iteration starts)."""
+        return self._state.stats.prompt_tokens or len(self._state.committed)
 
     def __iter__(self) -> Iterator[str]:
         tokens: list[int] = []

@@ -11,7 +11,7 @@ context window), streaming and the statistics.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -49,15 +49,38 @@ class DecodeState:
         before = self.stats.phase_seconds["target"]
         with self.stats.timed("target"):
             logits = self.target.feed(ids, rows=len(candidates) + 1)
-        if not self.stats.target_calls:
-            self.stats.prefill_seconds = self.stats.phase_seconds["target"] - before
+        if not self.stats.target_calls:  # after any chunks `prefill` read before
+            self.stats.prefill_seconds += self.stats.phase_seconds["target"] - before
         self.stats.target_calls += 1
         return logits
 
 
 @dataclass
 class Finish:
-    reason: str = "length"  # "length" | "eos" | "stop" | "context"
+    reason: str = "length"  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
+
+
+# prompt tokens read per target call when the caller can cancel: small enough that a long
+# prompt on a CPU is abandoned within a fraction of a second, large enough to cost no speed
+PREFILL_CHUNK = 256
+
+
+def prefill(state: DecodeState, cancel: Callable[[], str | None], chunk: int = PREFILL_CHUNK) -> str | None:
+    """Read the prompt into the target ``chunk`` tokens at a time, asking ``cancel`` between
+    chunks; its answer (None: go on). The last prompt token stays pending, so the first step
+    still scores it with the step's candidates: the same tokens reach the target in the same
+    order, only split over more calls."""
+    stats = state.stats
+    while len(state.pending) > 1:
+        reason = cancel()
+        if reason:
+            return reason
+        ids = state.pending[: min(chunk, len(state.pending) - 1)]
+        start = time.perf_counter()
+        with stats.timed("target"):
+            state.target.feed(ids, rows=1)
+        stats.prefill_seconds += time.perf_counter() - start
+    return None
 
 
 def decode(
@@ -67,24 +90,36 @@ def decode(
     eos_ids: frozenset[int],
     text: TextAssembler,
     finish: Finish,
+    cancel: Callable[[], str | None] | None = None,
 ) -> Iterator[list[int]]:
     """Run ``method`` until a stop condition; yield the tokens each step commits.
 
     Tokens after a stop condition within one step are discarded (the target saw them only as
-    unverified candidates, or as tokens nobody asked for).
+    unverified candidates, or as tokens nobody asked for). ``cancel`` (a server's client gone,
+    its deadline passed) is asked between prompt chunks and before every step, whether or not
+    the last step produced text; a non-empty answer ends generation with that finish reason.
     """
     stats = state.stats
     stats.method = method.name
     stats.prompt_tokens = len(state.committed)
     start = time.perf_counter()
+    if cancel is not None and (reason := prefill(state, cancel)):
+        finish.reason = reason
+        stats.seconds = time.perf_counter() - start
+        return
     row = method.start(state)
     generated = 0
     while generated < max_new_tokens:
         if len(state.committed) >= state.target.max_length:
             finish.reason = "context"
             break
+        if cancel is not None and (reason := cancel()):
+            finish.reason = reason
+            break
         state.budget = max_new_tokens - generated
+        offered = stats.drafted
         new, n_accepted = step([row])[0]
+        offered = stats.drafted - offered
         assert new, f"method {method.name} committed nothing"
         kept = []
         for token in new[: max_new_tokens - generated]:
@@ -98,6 +133,12 @@ def decode(
         state.committed.extend(kept)
         generated += len(kept)
         stats.accepted += min(n_accepted, len(kept))
+        if offered:  # per draft position, as vLLM's spec-decode metrics count them
+            stats.drafts += 1
+            per = stats.accepted_per_position
+            per.extend([0] * (offered - len(per)))
+            for i in range(min(n_accepted, len(kept))):
+                per[i] += 1
         stats.target_tokens += len(kept) - min(n_accepted, len(kept))
         stats.new_tokens = generated
         stats.seconds = time.perf_counter() - start

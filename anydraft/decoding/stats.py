@@ -20,6 +20,8 @@ class Stats:
     drafted: int = 0  # draft tokens offered to the target (in target tokens)
     accepted: int = 0  # of those, how many the target accepted (and the output kept)
     rejected: int = 0  # drafting steps that ended at a rejected candidate
+    drafts: int = 0  # steps that offered the target at least one draft token
+    accepted_per_position: list = field(default_factory=list)  # [i]: drafts whose token i was kept
     target_tokens: int = 0  # tokens the target chose itself: new_tokens = accepted + target_tokens
     prefill_seconds: float = 0.0  # the target's first call: it reads the prompt
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -45,6 +47,8 @@ class Stats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "rejected": self.rejected,
+            "drafts": self.drafts,
+            "accepted_per_position": list(self.accepted_per_position),
             "target_tokens": self.target_tokens,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             # tokens committed per target forward pass (1.0 for plain decoding)

@@ -2,37 +2,49 @@
 
 Every failure a client can cause is an `ApiError` -> ``{"error": {message, type, param, code}}``
 with a 4xx status; bodies are parsed here (not by FastAPI) so that invalid UTF-8, invalid
-JSON, oversize bodies and type errors all get the same error shape.
+JSON, oversize bodies and type errors all get the same error shape. Our own failures are 500s
+whose message carries an error id that the log line of the failure carries too.
+
+Only JSON bodies are taken, and (bound to loopback) only loopback Host names, so a web page a
+user visits cannot drive, or through DNS rebinding read, a local server without a key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
+import os
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 
 from ..config import override
 from ..errors import AnydraftError
 from ..sampling import SamplingParams
+from .cli import is_loopback
 from .metrics import Metrics
 from .scheduler import Job, QueueFull, Scheduler, SchedulerClosed
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("anydraft.server")
 
-# anydraft finish reasons -> OpenAI's ("context": the window filled up before max_tokens)
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+# anydraft finish reasons -> OpenAI's ("context": the window filled up before max_tokens;
+# "timeout": --request-timeout passed; both are a cut-short answer, as "length" says)
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+                  "timeout": "length"}
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
 ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
 OPENAI_SAMPLING = SamplingParams(temperature=1.0)  # what a request leaves out (OpenAI's defaults)
@@ -43,9 +55,60 @@ class ServerConfig:
     model_id: str
     api_key: str | None = None
     max_queue: int = 64
+    max_queued_per_client: int | None = None  # None: scheduler.fair_share(max_queue)
     max_body_bytes: int = 2 * 2**20
+    body_timeout: float = 30.0  # seconds to receive a whole request body (slow uploads: 408)
+    request_timeout: float | None = None  # wall-clock seconds per request, from its arrival
+    max_prompt_tokens: int | None = None
     default_max_tokens: int = 256  # chat; completions default to OpenAI's 16
     owned_by: str = "anydraft"
+    # addresses (ip_network) whose X-Forwarded-For is believed; nobody else's is
+    trusted_proxies: tuple = ()
+    # Host names accepted: None = loopback names only (the safe default); "*" = any
+    allowed_hosts: tuple[str, ...] | None = None
+    cors_origins: tuple[str, ...] = field(default_factory=tuple)  # empty: no CORS headers
+
+
+def public_name(name: str | None) -> str | None:
+    """A model name fit to show to clients: a local path becomes its last component."""
+    if not name:
+        return name
+    if os.path.isabs(name) or name.startswith(("~", ".")) or os.path.exists(name):
+        return Path(name).name or name
+    return name
+
+
+def client_of(scope, trusted_proxies) -> str:
+    """The client a request counts against: the peer address, or, when the peer is a trusted
+    proxy, the nearest X-Forwarded-For address that is not one."""
+    peer = scope["client"][0] if scope.get("client") else "-"
+    if not trusted_proxies or not _trusted(peer, trusted_proxies):
+        return peer
+    forwarded = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
+    hops = [h.strip() for h in ",".join(forwarded).split(",") if h.strip()]
+    for hop in reversed(hops):  # the right end was added by our own proxies
+        if not _trusted(hop, trusted_proxies):
+            return hop
+    return hops[0] if hops else peer
+
+
+def _trusted(address: str, networks) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
+
+
+def host_name(scope) -> str | None:
+    """The Host header without its port, lower-case; None if absent."""
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            host = value.decode("latin-1").strip().lower()
+            if host.startswith("["):  # [::1]:8000
+                return host[1:host.find("]")] if "]" in host else host
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return None
 
 
 class ApiError(Exception):
@@ -62,6 +125,19 @@ class ApiError(Exception):
 
 class ClientGone(Exception):
     """The client disconnected; nothing more can be sent."""
+
+
+class DecodingFailed(Exception):
+    """An exception raised while decoding: ours (a backend, a bug), never the client's."""
+
+
+def internal_error(exc: BaseException, what: str = "generation failed") -> ApiError:
+    """A 500 whose error id also starts the one log line (with traceback) of the failure."""
+    error_id = "err-" + uuid.uuid4().hex[:16]
+    cause = exc.__cause__ if isinstance(exc, DecodingFailed) and exc.__cause__ else exc
+    log.error("%s: %s [%s]", error_id, what, type(cause).__name__, exc_info=cause)
+    return ApiError(500, f"internal error {error_id} ({type(cause).__name__}): the server log "
+                         "has the details under this id", type="server_error", code="internal_error")
 
 
 def _validation_error(exc: ValidationError) -> ApiError:
@@ -86,17 +162,33 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def parse_body(request: Request, model_cls, max_bytes: int):
+async def parse_body(request: Request, model_cls, max_bytes: int, timeout: float | None = None):
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        # a web page can POST text/plain or form bodies to a local server without a CORS
+        # preflight; JSON is what every OpenAI client sends
+        raise ApiError(415, f"Content-Type must be application/json, got {media_type or 'none'!r}: "
+                            "send the body as JSON with 'Content-Type: application/json'",
+                       code="unsupported_media_type")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
         raise ApiError(413, f"request body is {length} bytes; the limit is {max_bytes}",
                        code="request_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise ApiError(413, f"request body exceeds the limit of {max_bytes} bytes",
-                           code="request_too_large")
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ApiError(413, f"request body exceeds the limit of {max_bytes} bytes",
+                                   code="request_too_large")
+    except ClientDisconnect:
+        log.info("client %s disconnected while sending its request body",
+                 request.client.host if request.client else "-")
+        raise ClientGone() from None
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within {timeout:g} s",
+                       code="request_timeout") from None
     if not body:
         raise ApiError(400, "request body is empty: send a JSON object", code="invalid_json")
     try:
@@ -136,9 +228,12 @@ def sampling_of(req) -> SamplingParams:
 
 
 def _user_error(exc: BaseException, prompt_param: str | None = None) -> ApiError:
-    """An exception from a generation job, as the error the client sees."""
+    """An exception from a generation job, as the error the client sees: 4xx for what the
+    request caused (found before decoding starts), 500 with an error id for the rest."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, DecodingFailed):
+        return internal_error(exc)
     if isinstance(exc, AnydraftError):
         msg = str(exc)
         code = "context_length_exceeded" if "context window" in msg else "invalid_value"
@@ -150,17 +245,30 @@ def _user_error(exc: BaseException, prompt_param: str | None = None) -> ApiError
     if isinstance(exc, SchedulerClosed):
         return ApiError(503, str(exc), type="server_error", code="shutting_down",
                         headers={"Retry-After": "5"})
-    log.error("generation failed", exc_info=exc)
-    return ApiError(500, f"internal error during generation ({type(exc).__name__})",
-                    type="server_error", code="internal_error")
+    return internal_error(exc)
 
 
 class Gate:
-    """ASGI middleware: bearer auth (except /health) and per-endpoint request metrics."""
+    """ASGI middleware: the Host check, bearer auth (except /health) and per-endpoint
+    request metrics (499 for a client that left, streaming or not)."""
 
     def __init__(self, app, config: ServerConfig, metrics: Metrics):
         self.app, self.config, self.metrics = app, config, metrics
         self._key = config.api_key.encode() if config.api_key else None
+
+    def _host_allowed(self, scope) -> bool:
+        allowed = self.config.allowed_hosts
+        if allowed is not None and "*" in allowed:
+            return True
+        host = host_name(scope)
+        if host is None:
+            return False
+        host = host.rstrip(".")
+        return is_loopback(host) if allowed is None else host in allowed
+
+    async def _refuse(self, err: ApiError, scope, receive, send, headers=None):
+        self.metrics.errors.labels(err.type, err.code or "").inc()
+        await JSONResponse(err.body(), status_code=err.status, headers=headers)(scope, receive, send)
 
     def _authorized(self, scope) -> bool:
         for name, value in scope.get("headers", ()):
@@ -183,26 +291,30 @@ class Gate:
             await send(message)
 
         try:
-            if self._key is not None and path != "/health" and not self._authorized(scope):
+            if not self._host_allowed(scope):
+                err = ApiError(400, f"Host {host_name(scope)!r} is not served here: use a loopback "
+                                    "address, or start the server with --allowed-hosts",
+                               code="invalid_host")
+                await self._refuse(err, scope, receive, send_tracked)
+            elif self._key is not None and path != "/health" and not self._authorized(scope):
                 err = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
-                self.metrics.errors.labels(err.type, err.code).inc()
-                await JSONResponse(err.body(), status_code=401,
-                                   headers={"WWW-Authenticate": "Bearer"})(scope, receive, send_tracked)
+                await self._refuse(err, scope, receive, send_tracked, {"WWW-Authenticate": "Bearer"})
             else:
                 await self.app(scope, receive, send_tracked)
         except Exception:
             status[0] = status[0] or 500
             raise
         finally:
-            self.metrics.requests.labels(endpoint, str(status[0] or 499)).inc()
+            gone = scope["state"].get("client_gone")  # set by a stream whose client left
+            self.metrics.requests.labels(endpoint, "499" if gone else str(status[0] or 499)).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
 
 def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     """The app serving ``decoders`` (one worker thread each; they should share one model)."""
-    scheduler = Scheduler(decoders, config.max_queue)
-    metrics = Metrics(scheduler)
+    scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client)
+    metrics = Metrics(scheduler, model=config.model_id)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
     created = int(time.time())
@@ -240,18 +352,23 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request, exc: Exception):
-        log.error("unhandled error", exc_info=exc)
-        return error_response(ApiError(500, f"internal error ({type(exc).__name__})",
-                                       type="server_error", code="internal_error"))
+        return error_response(internal_error(exc, f"{request.method} {request.url.path} failed"))
 
     app.add_middleware(Gate, config=config, metrics=metrics)
+    if config.cors_origins:  # outside the Gate: a browser's preflight carries no API key
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                           allow_methods=["GET", "POST", "HEAD"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     # -- helpers ---------------------------------------------------------------------------
-    async def next_event(request: Request, job: Job):
+    async def next_event(request: Request, job: Job, deadline: float | None = None):
         """The job's next event; raises `ClientGone` once the client has disconnected
-        (checked at least every `DISCONNECT_POLL` s, whether or not events keep coming)."""
+        (checked at least every `DISCONNECT_POLL` s, whether or not events keep coming), and
+        `TimeoutError` once the perf_counter time ``deadline`` has passed."""
         loop = asyncio.get_running_loop()
         while True:
+            if deadline is not None and time.perf_counter() >= deadline:
+                raise TimeoutError()
             if loop.time() - job.checked_at >= DISCONNECT_POLL:
                 job.checked_at = loop.time()
                 if await request.is_disconnected():
@@ -279,12 +396,18 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         if max_tokens is None:
             max_tokens = min(config.default_max_tokens if chat else 16, ctx)
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
+        prompt_param = "messages" if chat else "prompt"
         kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
                       stop=req.stop_list)
 
         def work(decoder, job: Job):
-            try:
-                stream = decoder.stream(prompt, **kwargs)  # validates eagerly
+            try:  # what fails here is the request's fault: the decoder validates eagerly
+                stream = decoder.stream(prompt, cancel=job.stop_reason, **kwargs)
+                limit = config.max_prompt_tokens
+                if limit is not None and stream.prompt_tokens > limit:
+                    raise ApiError(400, f"prompt has {stream.prompt_tokens} tokens; this server "
+                                        f"takes at most {limit}: shorten it", param=prompt_param,
+                                   code="context_length_exceeded")
             except Exception as exc:  # noqa: BLE001 - reported to the client as 4xx/5xx
                 job.emit("error", exc)
                 return
@@ -292,33 +415,48 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             deltas = iter(stream)
             try:
                 for delta in deltas:
-                    if job.cancelled.is_set():
-                        job.emit("cancelled")
-                        return
                     job.emit("delta", delta)
+            except Exception as exc:  # noqa: BLE001 - ours, not the request's: a 500
+                raise DecodingFailed() from exc
             finally:
                 deltas.close()
-            job.emit("done", stream.output)
+            if stream.output.finish_reason == "cancelled":
+                job.emit("cancelled")
+            else:
+                job.emit("done", stream.output)
 
-        client = request.client.host if request.client else "-"
-        job = Job(work, asyncio.get_running_loop(), client=client)
+        client = client_of(request.scope, config.trusted_proxies)
+        arrived = request.scope.get("state", {}).get("arrived", time.perf_counter())
+        deadline = arrived + config.request_timeout if config.request_timeout else None
+        job = Job(work, asyncio.get_running_loop(), client=client, deadline=deadline)
         try:
             scheduler.submit(job)
         except QueueFull as exc:
+            if exc.per_client:
+                raise ApiError(429, f"{exc}: you already have {scheduler.max_per_client} requests "
+                                    "waiting, the most one client may queue",
+                               type="rate_limit_error", code="client_queue_full",
+                               headers={"Retry-After": str(exc.retry_after)}) from None
             raise ApiError(429, f"{exc}: the queue is full ({config.max_queue} waiting)",
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(exc.retry_after)}) from None
         except SchedulerClosed as exc:
             raise _user_error(exc) from None
         try:
-            kind, payload = await next_event(request, job)
+            kind, payload = await next_event(request, job, deadline)
         except BaseException as exc:
             scheduler.cancel(job)
             if isinstance(exc, ClientGone):  # gave up while queued or starting
                 metrics.generations.labels("cancelled").inc()
+            if isinstance(exc, TimeoutError):
+                metrics.generations.labels("timeout").inc()
+                raise ApiError(503, f"no worker was free within the request timeout of "
+                                    f"{config.request_timeout:g} s: try again later",
+                               type="server_error", code="timeout",
+                               headers={"Retry-After": "5"}) from None
             raise
         if kind == "error":
-            raise _user_error(payload, "messages" if chat else "prompt")
+            raise _user_error(payload, prompt_param)
         assert kind == "started", kind
         metrics.queue_wait.observe((job.started_at or time.perf_counter()) - job.enqueued_at)
         return job
@@ -429,19 +567,22 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         except ClientGone:
             return  # nobody to send to; the finally below frees the worker
         finally:
-            if not done:
+            if not done:  # the client left (or the server is stopping): recorded as 499
+                request.scope.setdefault("state", {})["client_gone"] = True
                 scheduler.cancel(job)
                 metrics.generations.labels("cancelled").inc()
 
     # -- routes ----------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await parse_body(request, ChatCompletionRequest, config.max_body_bytes)
+        req = await parse_body(request, ChatCompletionRequest, config.max_body_bytes,
+                               config.body_timeout)
         return await complete(request, req, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = await parse_body(request, CompletionRequest, config.max_body_bytes)
+        req = await parse_body(request, CompletionRequest, config.max_body_bytes,
+                               config.body_timeout)
         return await complete(request, req, chat=False)
 
     @app.get("/v1/models")
@@ -450,11 +591,12 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         return {"object": "list", "data": [{
             "id": config.model_id, "object": "model", "created": created,
             "owned_by": config.owned_by,
-            "anydraft": {"target": dec0.target.name, "drafter": drafter.name if drafter else None,
+            "anydraft": {"target": public_name(dec0.target.name),
+                         "drafter": public_name(drafter.name) if drafter else None,
                          "method": dec0.draft.method, "context_window": ctx, "workers": len(decoders)},
         }]}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return {"status": "ok", "model": config.model_id, "waiting": scheduler.waiting,
                 "active": scheduler.active, "workers": len(decoders)}

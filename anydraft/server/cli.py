@@ -23,14 +23,37 @@ def register(sub) -> None:
                    help="generations running at once (one worker thread each, sharing the weights)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a worker; more get 429 with Retry-After")
+    s.add_argument("--max-queued-per-client", type=int, default=None,
+                   help="requests one client may have waiting (default: a quarter of --max-queue)")
+    s.add_argument("--trusted-proxies", type=_csv, default=(),
+                   help="comma-separated addresses or networks of reverse proxies whose "
+                        "X-Forwarded-For names the client (default: trust none)")
+    s.add_argument("--allowed-hosts", type=_csv, default=None,
+                   help="comma-separated Host names to answer, '*' for any (default: loopback "
+                        "names when bound to loopback, else any)")
+    s.add_argument("--cors-origins", type=_csv, default=(),
+                   help="comma-separated browser origins allowed by CORS (default: none)")
+    s.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a request may take from arrival; an answer cut short ends "
+                        "with finish_reason 'length', one still queued gets 503 (default: none)")
+    s.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted, in tokens (default: the context window)")
+    s.add_argument("--max-connections", type=int, default=256,
+                   help="open connections at once; more get 503 from uvicorn")
+    s.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds to receive a request body; slower uploads get 408")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint except /health "
                         "(default: the ANYDRAFT_API_KEY environment variable, if set)")
     s.add_argument("--served-model-name", default=None,
-                   help="the model id clients send (default: --target)")
+                   help="the model id clients send (default: --target; a local path: its last part)")
     s.add_argument("--max-body-bytes", type=int, default=2 * 2**20)
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=cmd_serve)
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def is_loopback(host: str) -> bool:
@@ -55,6 +78,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AnydraftError(f"--port must be in 1..65535, got {args.port}")
     if args.max_body_bytes < 1024:
         raise AnydraftError("--max-body-bytes must be at least 1024")
+    for name in ("max_queued_per_client", "max_prompt_tokens", "max_connections"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise AnydraftError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("request_timeout", "body_timeout"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise AnydraftError(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    try:
+        proxies = tuple(ipaddress.ip_network(p, strict=False) for p in args.trusted_proxies)
+    except ValueError as exc:
+        raise AnydraftError(f"--trusted-proxies: {exc}") from None
     api_key = args.api_key or os.environ.get("ANYDRAFT_API_KEY") or None
     if not is_loopback(args.host):
         print(f"anydraft: WARNING: binding to {args.host}, which is not a loopback address: "
@@ -64,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .app import ServerConfig, create_app
+        from .app import ServerConfig, create_app, public_name
     except ImportError as exc:
         raise AnydraftError(
             f"anydraft serve needs the server extra ({exc.name} is missing): "
@@ -72,12 +107,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .workers import build_decoders
 
     decoders = build_decoders(args)
-    config = ServerConfig(model_id=args.served_model_name or args.target, api_key=api_key,
-                          max_queue=args.max_queue, max_body_bytes=args.max_body_bytes)
+    allowed_hosts = args.allowed_hosts
+    if allowed_hosts is None and not is_loopback(args.host):
+        allowed_hosts = ("*",)  # reachable by name from elsewhere: any Host may be right
+    config = ServerConfig(
+        model_id=args.served_model_name or public_name(args.target), api_key=api_key,
+        max_queue=args.max_queue, max_queued_per_client=args.max_queued_per_client,
+        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
+        request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
+        trusted_proxies=proxies,
+        allowed_hosts=tuple(h.lower() for h in allowed_hosts) if allowed_hosts else None,
+        cors_origins=tuple(args.cors_origins))
     app = create_app(decoders, config)
     print(f"anydraft: serving {config.model_id!r} (method {decoders[0].draft.method}, "
           f"{len(decoders)} worker{'s' if len(decoders) > 1 else ''}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    # proxy headers are read by the app, and only from --trusted-proxies: uvicorn's own
+    # default would believe any X-Forwarded-For sent from 127.0.0.1
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, proxy_headers=False,
+                limit_concurrency=args.max_connections)
     return 0

@@ -2,9 +2,11 @@
 
 A `Decoder` is CPU-bound and not thread-safe, so each worker thread owns one. Jobs wait in
 per-client FIFOs that are served round-robin, so one client sending many requests cannot
-starve another. The worker reports back to the event loop through the job's asyncio queue;
-the handler sets `job.cancelled` when its client goes away, and the job's work function
-checks it between text deltas, so the worker is free again within one decoding step.
+starve another, and each client may hold only a share of the waiting room, so one client
+cannot fill it either. The worker reports back to the event loop through the job's asyncio
+queue; the handler sets `job.cancelled` when its client goes away, and the decoding loop asks
+`job.stop_reason` between prompt chunks and before every step, so the worker is free again
+within one chunk or step.
 """
 
 from __future__ import annotations
@@ -17,11 +19,20 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# a client may hold this fraction of the waiting room (at least one slot), so at least this
+# many clients can queue at once however hard one of them pushes
+FAIR_SHARES = 4
+
+
+def fair_share(max_queue: int) -> int:
+    return max(1, math.ceil(max_queue / FAIR_SHARES))
+
 
 class QueueFull(Exception):
-    def __init__(self, retry_after: int):
+    def __init__(self, retry_after: int, per_client: bool = False):
         super().__init__(f"server busy: try again in {retry_after} s")
         self.retry_after = retry_after
+        self.per_client = per_client  # this client's share is full, not the whole queue
 
 
 class SchedulerClosed(Exception):
@@ -40,6 +51,15 @@ class Job:
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     checked_at: float = 0.0  # loop time of the handler's last check that the client is there
+    deadline: float | None = None  # perf_counter time after which the generation stops
+
+    def stop_reason(self) -> str | None:
+        """Asked by the decoding loop (worker thread): why to stop now, if at all."""
+        if self.cancelled.is_set():
+            return "cancelled"
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return "timeout"
+        return None
 
     def emit(self, kind: str, payload=None) -> None:
         """Thread-safe: hand an event to the request handler on the event loop."""
@@ -50,11 +70,12 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, decoders: list, max_queue: int):
+    def __init__(self, decoders: list, max_queue: int, max_per_client: int | None = None):
         if not decoders:
             raise ValueError("need at least one decoder")
         self.decoders = decoders
         self.max_queue = max_queue
+        self.max_per_client = fair_share(max_queue) if max_per_client is None else max_per_client
         self._cond = threading.Condition()
         self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
         self._waiting = 0
@@ -92,14 +113,19 @@ class Scheduler:
             t.join(timeout)
 
     def submit(self, job: Job) -> None:
-        """Queue ``job`` or raise `QueueFull` (all workers busy and ``max_queue`` jobs waiting)."""
+        """Queue ``job`` or raise `QueueFull`: all workers busy and either ``max_queue`` jobs
+        waiting, or ``max_per_client`` of them from ``job.client``."""
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("server is shutting down")
-            if self._waiting + self._active >= self.max_queue + len(self.decoders):
+            queued = len(self._queues.get(job.client, ()))
+            busy = self._waiting + self._active >= len(self.decoders)
+            full = self._waiting + self._active >= self.max_queue + len(self.decoders)
+            if full or (busy and queued >= self.max_per_client):
                 # jobs ahead of a retry, spread over the workers, at the mean job duration
                 ahead = (self._waiting + 1) / len(self.decoders)
-                raise QueueFull(max(1, min(60, math.ceil(ahead * self._mean_seconds))))
+                raise QueueFull(max(1, min(60, math.ceil(ahead * self._mean_seconds))),
+                                per_client=not full)
             self._queues.setdefault(job.client, deque()).append(job)
             self._waiting += 1
             self._cond.notify()

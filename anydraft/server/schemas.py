@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_TOKENS_CAP = 1_000_000  # a static sanity bound; the context window is checked per request
 MAX_STOP = 4
+TOP_K_OFF = -1  # vLLM's spelling of "no top-k", which clients built for vLLM send
 
 
 class _Strict(BaseModel):
@@ -31,12 +32,12 @@ class _Sampling(_Strict):
     # except for OpenAI's own cap on the temperature
     temperature: float | None = Field(None, le=2)
     top_p: float | None = None
-    top_k: int | None = None  # extension (vLLM-style)
+    top_k: int | None = None  # extension (vLLM-style: -1 or 0 = off)
     min_p: float | None = None  # extension
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=128)
-    stream: bool = False
+    stream: bool | None = None  # null: not streamed, as OpenAI's own server takes it
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -53,6 +54,8 @@ class _Sampling(_Strict):
                                  "target distribution); leave it out or pass 0")
         if self.logit_bias:
             raise ValueError("logit_bias: not supported; leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed with stream=true (as in vLLM)")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if len(stops) > MAX_STOP:
             raise ValueError(f"stop: at most {MAX_STOP} stop sequences, got {len(stops)}")
@@ -65,7 +68,8 @@ class _Sampling(_Strict):
     @property
     def sampling_fields(self) -> dict:
         """The `SamplingParams` fields this request sets (None: not set)."""
-        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+        top_k = None if self.top_k == TOP_K_OFF else self.top_k
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=top_k,
                     min_p=self.min_p, seed=self.seed)
 
     @property
@@ -84,11 +88,22 @@ class TextPart(_Strict):
 
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None  # null: an assistant turn that only called tools
     name: str | None = Field(None, max_length=256)
 
+    @model_validator(mode="after")
+    def _content(self):
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content: may be null only in assistant messages, not {self.role}")
+        return self
+
     def as_template_message(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if self.content is None:
+            content = ""
+        elif isinstance(self.content, str):
+            content = self.content
+        else:
+            content = "".join(p.text for p in self.content)
         # chat templates know "system"; OpenAI's newer "developer" role means the same thing
         role = "system" if self.role == "developer" else self.role
         return {"role": role, "content": content}
@@ -109,9 +124,12 @@ class ChatCompletionRequest(_Sampling):
     def _chat_supported(self):
         if self.logprobs or self.top_logprobs:
             raise ValueError("logprobs: not supported")
-        for name in ("tools", "tool_choice", "functions", "function_call"):
+        for name in ("tools", "functions"):
             if getattr(self, name):
                 raise ValueError(f"{name}: tool calling is not supported")
+        for name in ("tool_choice", "function_call"):  # "none" asks for no tool call: fine
+            if getattr(self, name) not in (None, "none"):
+                raise ValueError(f"{name}: tool calling is not supported (only 'none')")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise ValueError("response_format: only {'type': 'text'} is supported")
         return self

@@ -6,7 +6,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -139,3 +141,118 @@ def client(server):
 def chat_body(content: str = "hello there", **kw) -> dict:
     return {"model": MODEL_ID, "messages": [{"role": "user", "content": content}],
             "temperature": 0, "max_tokens": 12, **kw}
+
+
+# -- in-process servers over decoders with slowed or failing sessions -----------------------
+class SlowSession:
+    """A real session that sleeps ``per_call`` + ``per_token`` per token on every feed (a big
+    model on a slow CPU), records what it reads, and can answer only ``force`` (e.g. a special
+    token: steps that show no text) or fail on its ``fail_at``-th call (a backend error)."""
+
+    def __init__(self, inner, per_call=0.0, per_token=0.0, force=None, fail_at=None, log=None):
+        self.inner, self.per_call, self.per_token = inner, per_call, per_token
+        self.force, self.fail_at, self.calls = force, fail_at, 0
+        self.fed = [] if log is None else log  # one list of ids per feed call
+
+    def __getattr__(self, name):  # vocab_size, max_length
+        return getattr(self.inner, name)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def feed(self, ids, rows=None):
+        import torch
+
+        from anydraft.errors import AnydraftError
+
+        self.calls += 1
+        if self.fail_at is not None and self.calls >= self.fail_at:
+            raise AnydraftError("llama.cpp decode failed (status 1)")
+        self.fed.append(list(ids))
+        time.sleep(self.per_call + self.per_token * len(ids))
+        logits = self.inner.feed(ids, rows)
+        if self.force is not None:
+            logits = torch.full_like(logits, -30.0)
+            logits[:, self.force] = 30.0
+        return logits
+
+    def rollback(self, n):
+        self.inner.rollback(n)
+
+
+@pytest.fixture
+def make_decoder(decoder):
+    """``make_decoder(**SlowSession options)``: a fresh decoder over the shared tiny model."""
+    import copy
+
+    from anydraft import Decoder
+    from anydraft.models.session import HFSession
+
+    def make(**slow):
+        dec = Decoder(target=decoder.target.model, tokenizer=copy.deepcopy(decoder.target.tokenizer),
+                      dtype="float32")
+        dec.sessions = []
+        if slow:
+            def new_session():
+                dec.sessions.append(SlowSession(HFSession(decoder.target.model), **slow))
+                return dec.sessions[-1]
+            dec.target.new_session = new_session
+        return dec
+    return make
+
+
+@contextmanager
+def serve_in_thread(app, **uvicorn_options):
+    """Run ``app`` under uvicorn on 127.0.0.1 in a thread; yields the base URL. Logging is
+    left to pytest (log_config=None), so caplog sees uvicorn's records too."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                            proxy_headers=False, **uvicorn_options)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(15)
+
+
+@pytest.fixture
+def serve():
+    """``serve(decoders, **ServerConfig fields)`` -> base URL of an in-process server."""
+    from anydraft.server.app import ServerConfig, create_app
+
+    with ExitStack() as stack:
+        def start(decoders, uvicorn_options=None, **config):
+            app = create_app(decoders, ServerConfig(model_id=MODEL_ID, **config))
+            return stack.enter_context(serve_in_thread(app, **(uvicorn_options or {})))
+        yield start
+
+
+def health(base: str) -> dict:
+    return httpx.get(base + "/health", timeout=5).json()
+
+
+def wait_idle(base: str, timeout: float) -> float:
+    """Seconds until no generation runs or waits; fails after ``timeout``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        h = health(base)
+        if h["active"] == 0 and h["waiting"] == 0:
+            return time.monotonic() - start
+        time.sleep(0.02)
+    raise AssertionError(f"server still busy after {timeout} s: {h}")
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

@@ -1,0 +1,89 @@
+"""A client that leaves frees its worker within a second: while its prompt is read (prefill
+in chunks) and while decoding, even when the steps show no text."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from anydraft.decoding.loop import PREFILL_CHUNK
+from tests.server.conftest import MODEL_ID, chat_body, health, wait_idle
+
+CHAT = "/v1/chat/completions"
+FREE_WITHIN = 1.0  # seconds from the disconnect to an idle worker (the issue's goal)
+PER_TOKEN = 0.001  # prompt reading speed of the slowed session: a 256-token chunk in 0.25 s
+
+
+def long_prompt(decoder, tokens: int) -> str:
+    text = "hello " * tokens  # one token per word in the test tokenizer
+    assert tokens <= len(decoder.target.tokenizer.encode(text)) < tokens + 50
+    return text
+
+
+def test_prefill_is_chunked_feeds_the_same_tokens_and_gives_the_same_text(make_decoder):
+    plain, chunked = make_decoder(per_call=0.0), make_decoder(per_call=0.0)
+    prompt = long_prompt(plain, 600)
+    ref = plain.generate(prompt, max_new_tokens=8, chat=False)
+    stream = chunked.stream(prompt, max_new_tokens=8, chat=False, cancel=lambda: None)
+    out = "".join(stream)
+    fed = chunked.sessions[0].fed
+    assert max(len(ids) for ids in fed[:-1]) <= PREFILL_CHUNK < stream.prompt_tokens
+    assert sum(fed, []) == sum(plain.sessions[0].fed, [])  # same tokens, same order
+    assert out == ref.text and stream.output.token_ids == ref.token_ids
+    assert stream.output.stats["prompt_tokens"] == ref.stats["prompt_tokens"]
+
+
+def test_cancel_answer_becomes_the_finish_reason(make_decoder):
+    dec = make_decoder(per_call=0.0)
+    calls = []
+
+    def cancel():
+        calls.append(1)
+        return "timeout" if len(calls) > 3 else None
+
+    stream = dec.stream("hello world", max_new_tokens=50, cancel=cancel)
+    list(stream)
+    assert stream.output.finish_reason == "timeout" and len(stream.output.token_ids) < 50
+
+
+def _disconnect_and_time(base: str, body: dict, stream: bool) -> float:
+    """Send ``body``, hang up once its generation runs, return seconds until the server is idle."""
+    with httpx.Client(timeout=30) as http:
+        if stream:
+            with http.stream("POST", base + CHAT, json=body) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()  # kept: a dropped line iterator closes the connection
+                next(lines)  # the role chunk: the generation has started
+                time.sleep(0.3)
+                assert health(base)["active"] == 1, health(base)
+        else:
+            try:
+                r = http.post(base + CHAT, json=body, timeout=0.8)
+                raise AssertionError(f"the generation should still be running: {r.text[:300]}")
+            except httpx.ReadTimeout:
+                assert health(base)["active"] == 1
+    return wait_idle(base, timeout=20)
+
+
+def test_disconnect_during_prefill_frees_the_worker(make_decoder, serve):
+    dec = make_decoder(per_token=PER_TOKEN)
+    base = serve([dec])
+    prompt = long_prompt(dec, 3500)  # 3.5 s of prefill or more, read in chunks
+    for stream in (False, True):
+        body = chat_body(prompt, max_tokens=4, stream=stream)
+        assert _disconnect_and_time(base, body, stream) < FREE_WITHIN
+        assert all(sum(map(len, s.fed)) < 3000 for s in dec.sessions)  # left before the end
+
+
+def test_disconnect_during_steps_that_show_no_text_frees_the_worker(make_decoder, serve):
+    special = 1  # <|im_start|>: a special token, not an EOS, that adds no text
+    dec = make_decoder(per_call=0.05, force=special)
+    base = serve([dec])
+    for stream in (True, False):
+        body = chat_body("hello", max_tokens=2000, stream=stream)  # 100 s of silent steps
+        assert _disconnect_and_time(base, body, stream) < FREE_WITHIN
+    # the server is still right afterwards (this session always answers the special token)
+    r = httpx.post(base + CHAT, json={**chat_body("hi"), "max_tokens": 3}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert r.json()["model"] == MODEL_ID
