@@ -1,0 +1,49 @@
+"""Our own failures (a backend error mid-generation) are 500s with an error id that the log
+line of the failure carries too; the request's own mistakes stay 4xx."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import httpx
+
+from tests.server.conftest import chat_body, scrape_total
+
+CHAT = "/v1/chat/completions"
+ERROR_ID = re.compile(r"err-[0-9a-f]{16}")
+
+
+def _logged_ids(caplog) -> list[str]:
+    return [m for r in caplog.records if r.levelno >= logging.ERROR
+            for m in ERROR_ID.findall(r.getMessage())]
+
+
+def test_backend_failure_is_a_500_with_a_logged_error_id(make_decoder, serve, caplog):
+    base = serve([make_decoder(fail_at=3)])  # the third target call fails
+    r = httpx.post(base + CHAT, json=chat_body(max_tokens=20), timeout=30)
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["code"]) == ("server_error", "internal_error")
+    error_id = ERROR_ID.search(err["message"]).group()
+    assert "decode failed" not in err["message"]  # the details are in the log, not the reply
+    assert _logged_ids(caplog) == [error_id]  # one log line for one failure
+    assert scrape_total(base, "anydraft_requests_total", endpoint=CHAT, status="500") == 1
+
+
+def test_backend_failure_while_streaming_sends_a_500_error_event(make_decoder, serve, caplog):
+    base = serve([make_decoder(fail_at=3)])
+    with httpx.stream("POST", base + CHAT, json=chat_body(max_tokens=20, stream=True),
+                      timeout=30) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    err = events[-1]["error"]
+    assert (err["type"], err["code"]) == ("server_error", "internal_error")
+    assert _logged_ids(caplog) == [ERROR_ID.search(err["message"]).group()]
+
+
+def test_request_errors_stay_4xx(make_decoder, serve, caplog):
+    base = serve([make_decoder()])
+    r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "   "}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
+    assert not _logged_ids(caplog)

@@ -1,0 +1,121 @@
+"""Limits in time and size: --request-timeout, --max-prompt-tokens, the body-read timeout,
+and the uvicorn options the CLI passes (connection cap, no proxy headers of its own)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.server.conftest import MODEL_ID, chat_body, health, wait_for
+from tests.server.test_web_safety import _partial_upload
+
+CHAT = "/v1/chat/completions"
+
+
+def test_request_timeout_cuts_a_generation_short_with_length(make_decoder, serve):
+    base = serve([make_decoder(per_call=0.2)], request_timeout=1.0)
+    start = time.monotonic()
+    r = httpx.post(base + CHAT, json=chat_body(max_tokens=1000), timeout=30)  # 200 s untimed
+    assert time.monotonic() - start < 3.0
+    body = r.json()
+    assert r.status_code == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert body["anydraft"]["finish_reason"] == "timeout"
+    assert 0 < body["usage"]["completion_tokens"] < 1000
+    with httpx.stream("POST", base + CHAT, json=chat_body(max_tokens=1000, stream=True),
+                      timeout=30) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_request_timeout_while_queued_is_a_503(make_decoder, serve):
+    # each target call takes 0.8 s: the first request holds the worker past the second's deadline
+    base = serve([make_decoder(per_call=0.8)], request_timeout=1.2)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(httpx.post, base + CHAT, json=chat_body(max_tokens=100), timeout=30)
+        wait_for(lambda: health(base)["active"] == 1, what="the first request to run")
+        second = httpx.post(base + CHAT, json=chat_body(max_tokens=100), timeout=30)
+        assert first.result().status_code == 200
+    assert second.status_code == 503, second.text
+    assert second.json()["error"]["code"] == "timeout" and second.headers["retry-after"]
+
+
+def test_max_prompt_tokens(make_decoder, serve):
+    base = serve([make_decoder()], max_prompt_tokens=40)
+    r = httpx.post(base + CHAT, json=chat_body("hello " * 60), timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
+    assert "at most 40" in err["message"]
+    r = httpx.post(base + "/v1/completions", json={"model": MODEL_ID, "prompt": "hello " * 60},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert httpx.post(base + CHAT, json=chat_body("hello", max_tokens=2), timeout=30).status_code == 200
+
+
+def test_slow_upload_gets_408(make_decoder, serve):
+    base = serve([make_decoder()], body_timeout=0.5)
+    start = time.monotonic()
+    answer = _partial_upload(base, wait=1.5)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request_timeout" in answer and time.monotonic() - start < 5
+
+
+@pytest.fixture
+def served(monkeypatch, make_decoder):
+    """Run `anydraft serve ARGS` without loading anything or listening: what it would run."""
+    import uvicorn
+
+    from anydraft.server import workers
+
+    got = {}
+    monkeypatch.setattr(workers, "build_decoders", lambda args: [make_decoder()])
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(app=app, **kw))
+
+    def run(*args: str) -> dict:
+        from anydraft.cli import main
+
+        got.clear()
+        assert main(["serve", "--target", "/models/secret/tiny-model", *args]) == 0
+        return got
+    return run
+
+
+def test_cli_passes_limits_and_safety_options(served):
+    got = served("--max-connections", "7", "--request-timeout", "30", "--max-prompt-tokens",
+                 "100", "--body-timeout", "5", "--max-queued-per-client", "3",
+                 "--trusted-proxies", "10.0.0.0/8,127.0.0.1", "--allowed-hosts", "API.example",
+                 "--cors-origins", "https://a.example")
+    assert got["limit_concurrency"] == 7 and got["proxy_headers"] is False
+    cfg = got["app"].state.config
+    assert (cfg.request_timeout, cfg.max_prompt_tokens, cfg.body_timeout) == (30, 100, 5)
+    assert got["app"].state.scheduler.max_per_client == 3
+    assert cfg.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"),
+                                   ipaddress.ip_network("127.0.0.1/32"))
+    assert cfg.allowed_hosts == ("api.example",) and cfg.cors_origins == ("https://a.example",)
+    assert cfg.model_id == "tiny-model"  # a path is not shown to clients
+
+
+def test_cli_defaults(served):
+    got = served()
+    cfg = got["app"].state.config
+    assert cfg.allowed_hosts is None and cfg.cors_origins == () and cfg.trusted_proxies == ()
+    assert cfg.request_timeout is None and got["proxy_headers"] is False
+    assert got["app"].state.scheduler.max_per_client == 16  # a quarter of --max-queue 64
+    assert served("--host", "0.0.0.0")["app"].state.config.allowed_hosts == ("*",)
+
+
+@pytest.mark.parametrize("flag,value", [("--max-connections", "0"), ("--request-timeout", "-1"),
+                                        ("--body-timeout", "0"), ("--max-prompt-tokens", "0"),
+                                        ("--max-queued-per-client", "0"),
+                                        ("--trusted-proxies", "not-an-ip")])
+def test_cli_rejects_bad_limits(flag, value, capsys):
+    from anydraft.cli import main
+
+    assert main(["serve", "--target", "/no/such/model", flag, value]) == 2
+    assert flag in capsys.readouterr().err
