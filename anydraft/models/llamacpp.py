@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import AnydraftError
-from .session import rows_to_return
+from .session import ROLLBACK_HELP, rows_to_return
 
 # A context this long is allocated per session (KV cache, f16). The models' training windows
 # (8k-32k) would cost up to ~1 GB each; override with $ANYDRAFT_LLAMACPP_CONTEXT.
@@ -89,6 +89,10 @@ class LlamaCppModel:
         self._model = lib.llama_model_load_from_file(path.encode(), params)
         if not self._model:
             raise AnydraftError(f"llama.cpp could not load {path!r}: is it a complete GGUF file?")
+        if lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model):
+            lib.llama_model_free(self._model)
+            self._model = None
+            raise AnydraftError(f"{name} is a recurrent or hybrid model: {ROLLBACK_HELP}")
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
         train = int(lib.llama_model_n_ctx_train(self._model))
@@ -109,7 +113,13 @@ class LlamaCppModel:
         return model
 
     def new_session(self) -> LlamaCppSession:
-        return LlamaCppSession(self, self._spare.pop() if self._spare else _Context(self))
+        # pop, not check-then-pop: server workers call this at once, and between another
+        # thread's check and its pop the last spare context could be gone (IndexError)
+        try:
+            context = self._spare.pop()
+        except IndexError:
+            context = _Context(self)
+        return LlamaCppSession(self, context)
 
     def _release(self, context: _Context) -> None:
         """A finished session's context, emptied, waits for the next session (creating one
@@ -213,7 +223,10 @@ class LlamaCppSession:
 
     def rollback(self, n: int) -> None:
         assert 0 <= n <= self._length, (n, self._length)
-        self._lib.llama_memory_seq_rm(self._memory, 0, n, -1)
+        # false where the memory cannot be cut at n (recurrent state: refused at load)
+        if not self._lib.llama_memory_seq_rm(self._memory, 0, n, -1):
+            raise AnydraftError(f"llama.cpp could not roll the cache of {self._owner.name} back "
+                                f"to {n} tokens: {ROLLBACK_HELP}")
         self._length = n
 
     def __del__(self):

@@ -43,6 +43,7 @@ class HFSession:
     def __init__(self, model):
         from transformers import DynamicCache
 
+        check_rollback(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.cache = DynamicCache()
@@ -65,7 +66,39 @@ class HFSession:
         assert 0 <= n <= self._length, (n, self._length)
         if n < self._length:
             self.cache.crop(-(self._length - n))
+            if self.cache.get_seq_length() != n:  # a layer kept state it could not cut
+                raise AnydraftError(
+                    f"the cache of {_name(self.model)} could not be rolled back to {n} tokens "
+                    f"(it holds {self.cache.get_seq_length()}): {ROLLBACK_HELP}")
             self._length = n
+
+
+# Cache layers that keep one entry per position, so any suffix can be cut off (transformers'
+# names, as `get_layer_types_and_kwargs` reads them from a config). Recurrent layers (Mamba,
+# linear attention, LFM2's convolutions) fold every token into one state: no position can be
+# forgotten, so a rejected draft could never be taken back.
+ROLLBACK_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
+RECURRENT_MODELS = frozenset({"rwkv", "xlstm"})  # recurrent, with no layer types in the config
+ROLLBACK_HELP = ("speculative decoding takes rejected draft tokens back out of the cache, which "
+                 "recurrent and hybrid models (Mamba, Granite-4-H, LFM2, Qwen3-Next, ...) cannot "
+                 "do: use a transformer (attention-only) model as target and drafter")
+
+
+def _name(model) -> str:
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+
+
+def check_rollback(model) -> None:
+    """Refuse a transformers model whose cache cannot be rolled back to any position."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = model.config.get_text_config(decoder=True)
+    if getattr(config, "model_type", None) in RECURRENT_MODELS:
+        kinds = {"recurrent"}
+    else:
+        kinds = set(get_layer_types_and_kwargs(config)[0]) - ROLLBACK_LAYERS
+    if kinds:
+        raise AnydraftError(f"{_name(model)} has {', '.join(sorted(kinds))} layers: {ROLLBACK_HELP}")
 
 
 def rows_to_return(session, ids: Sequence[int], rows: int | None) -> int:

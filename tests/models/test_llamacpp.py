@@ -3,6 +3,8 @@ between llama.cpp's own vocabulary and the transformers tokenizer read from the 
 
 import random
 import re
+import threading
+import time
 
 import pytest
 import torch
@@ -151,3 +153,116 @@ def test_llamacpp_vocabulary_agrees_with_the_transformers_tokenizer(llama_model,
             differ.append(text)
     assert not differ, f"{len(differ)} of 300 texts tokenize differently, e.g. {differ[:3]!r}"
     assert whitespace_only <= 30  # measured: 18 of 300 for SmolLM2, 0 for the others
+
+
+# -- issue 19: concurrent sessions, rollback that cannot happen --------------------------------
+@pytest.fixture(scope="module")
+def small_context_model():
+    """SmolLM2 with 256-token contexts: many sessions at once cost little memory."""
+    require_llamacpp()
+    require_model("smollm2-135m")
+    from anydraft.models.llamacpp import LlamaCppModel
+
+    source = resolve("smollm2-135m")
+    return LlamaCppModel(source.name, f"{source.path}/{source.gguf_file}", context=256)
+
+
+class SlowToAnswer(list):
+    """A spare list that yields the GIL when asked whether it is empty, as a thread switch
+    between a check and the pop would: two threads then both see the last spare context."""
+
+    def __bool__(self):
+        answer = len(self) > 0
+        time.sleep(0.05)
+        return answer
+
+
+@pytest.mark.real
+def test_two_threads_never_race_for_the_last_spare_context(small_context_model):
+    model = small_context_model
+    spare = SlowToAnswer(model._spare)
+    model._spare = spare
+    session = model.new_session()
+    del session
+    assert len(spare) >= 1
+    while len(spare) > 1:
+        spare.pop().free()
+    errors, sessions = [], []
+
+    def take():
+        try:
+            sessions.append(model.new_session())
+        except Exception as exc:  # noqa: BLE001 - the race shows as an IndexError
+            errors.append(exc)
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        model._spare = list(spare)
+    assert not errors, errors
+    assert len(sessions) == 2 and sessions[0]._context is not sessions[1]._context
+
+
+@pytest.mark.real
+def test_many_threads_share_one_model(small_context_model):
+    """8 threads x 6 sessions (feed, roll back, feed), as a server's workers would."""
+    model = small_context_model
+
+    def one():
+        session = model.new_session()
+        session.feed([1, 2, 3, 4])
+        session.rollback(2)
+        return session.feed([3], rows=1)
+
+    want = one()
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(6):
+                results.append(one())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 48
+    for got in results:  # the same calls in another context: the same logits
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.real
+def test_a_rollback_llamacpp_refuses_raises(small_context_model, monkeypatch):
+    """llama_memory_seq_rm returns false where the memory cannot be cut (recurrent state)."""
+    from anydraft.errors import AnydraftError
+
+    session = small_context_model.new_session()
+    session.feed([1, 2, 3, 4])
+    monkeypatch.setattr(session._lib, "llama_memory_seq_rm", lambda *args: False)
+    with pytest.raises(AnydraftError, match="could not roll the cache.*recurrent and hybrid"):
+        session.rollback(2)
+    assert len(session) == 4
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("kind", ["llama_model_is_recurrent", "llama_model_is_hybrid"])
+def test_recurrent_and_hybrid_models_are_refused_at_load(kind, monkeypatch):
+    """No recurrent GGUF is in the catalog: llama.cpp is made to call SmolLM2 one."""
+    require_llamacpp()
+    require_model("smollm2-135m")
+    import llama_cpp
+
+    from anydraft.errors import AnydraftError
+    from anydraft.models.llamacpp import LlamaCppModel
+
+    monkeypatch.setattr(llama_cpp, kind, lambda model: True)
+    with pytest.raises(AnydraftError, match="recurrent or hybrid model.*attention-only"):
+        LlamaCppModel.load(resolve("smollm2-135m"))
