@@ -94,8 +94,9 @@ def model_dir(tmp_path_factory) -> Path:
 def _servers(model_dir, tmp_path_factory):
     """Both servers start together, so their ~5 s start-ups overlap."""
     logs = tmp_path_factory.mktemp("server-logs")
-    # main: two workers sharing the weights; roomy queue
-    main = Server(model_dir, logs / "main.log", "--max-concurrency", "2", "--max-queue", "32")
+    # main: two workers sharing the weights; a roomy queue that one client may fill (16 at once)
+    main = Server(model_dir, logs / "main.log", "--max-concurrency", "2", "--max-queue", "32",
+                  "--max-queued-per-client", "32")
     # small: one worker, one waiting slot, an API key, and a drafter (the same tiny model, so
     # `auto` picks sd and greedy drafts are always accepted; --fixed-k, since adaptive drafting
     # would rightly decode plainly with a drafter as slow as the target)

@@ -34,8 +34,21 @@ def wait_idle(server, timeout: float) -> float:
     raise AssertionError(f"server still busy after {timeout} s: {h}")
 
 
+def _statuses(server) -> tuple[float, float]:
+    return (metric(server, "anydraft_requests_total", endpoint=CHAT, status="200"),
+            metric(server, "anydraft_requests_total", endpoint=CHAT, status="499"))
+
+
+def _wait_recorded(server, before: tuple[float, float]) -> tuple[float, float]:
+    deadline = time.monotonic() + 5
+    while sum(_statuses(server)) == sum(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _statuses(server)
+
+
 def test_disconnect_mid_stream_frees_the_worker(server, decoder):
     cancelled = metric(server, "anydraft_generations_total", finish_reason="cancelled")
+    statuses = _statuses(server)
     body = chat_body("the quick brown fox", max_tokens=4000, stream=True)
     with httpx.Client(timeout=30) as http, http.stream("POST", server.base + CHAT, json=body) as r:
         assert r.status_code == 200
@@ -45,6 +58,8 @@ def test_disconnect_mid_stream_frees_the_worker(server, decoder):
     # the client is gone: the generation (4000 tokens, several seconds) must stop promptly
     wait_idle(server, timeout=2)
     assert metric(server, "anydraft_generations_total", finish_reason="cancelled") == cancelled + 1
+    ok, gone = _wait_recorded(server, statuses)  # a stream its client left is a 499, not a 200
+    assert (ok, gone) == (statuses[0], statuses[1] + 1)
     r = httpx.post(server.base + CHAT, json=chat_body("hello world", max_tokens=10), timeout=30)
     ref = decoder.generate("hello world", max_new_tokens=10, temperature=0.0)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ref.text
@@ -53,6 +68,7 @@ def test_disconnect_mid_stream_frees_the_worker(server, decoder):
 def test_disconnect_while_waiting_non_streaming(server):
     """A non-streaming client that gives up also frees its slot (4000 tokens take seconds)."""
     cancelled = metric(server, "anydraft_generations_total", finish_reason="cancelled")
+    statuses = _statuses(server)
     with httpx.Client(timeout=1.0) as http:
         try:
             http.post(server.base + CHAT, json=chat_body("abc", max_tokens=4000))
@@ -60,6 +76,7 @@ def test_disconnect_while_waiting_non_streaming(server):
             pass
     wait_idle(server, timeout=2)
     assert metric(server, "anydraft_generations_total", finish_reason="cancelled") == cancelled + 1
+    assert _wait_recorded(server, statuses) == (statuses[0], statuses[1] + 1)
 
 
 def test_sixteen_concurrent_requests_all_correct(server, decoder):
@@ -114,7 +131,8 @@ def test_queue_overflow_gives_429_with_retry_after(small_server):
         if code == 429:
             assert retry_after is not None and int(retry_after) >= 1
             assert payload["error"]["type"] == "rate_limit_error"
-            assert payload["error"]["code"] == "queue_full"
+            # one client here: its share (1) and the whole queue (1) fill together
+            assert payload["error"]["code"] in ("queue_full", "client_queue_full")
         else:
             assert payload["choices"][0]["message"]["content"]
     assert metric(small_server, "anydraft_errors_total", type="rate_limit_error") >= 1

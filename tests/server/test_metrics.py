@@ -64,3 +64,20 @@ def test_acceptance_metrics_with_a_drafter(small_server):
     assert total(after, "anydraft_drafted_tokens_total") > 0
     assert total(after, "anydraft_acceptance_rate") > 0.5
     assert total(after, "anydraft_mean_accepted_tokens") > 1.0
+    # what vLLM users graph: drafts, and accepted tokens per draft position, all counters
+    drafts = total(after, "anydraft_drafts_total")
+    assert 0 < drafts <= total(after, "anydraft_target_calls_total")
+    per_position = {dict(ls)["position"]: v for (n, ls), v in after.items()
+                    if n == "anydraft_accepted_tokens_per_position_total"}
+    assert sum(per_position.values()) == total(after, "anydraft_accepted_tokens_total")
+    assert per_position["0"] <= drafts and per_position["0"] > 0
+    ordered = [per_position[str(i)] for i in range(len(per_position))]
+    assert ordered == sorted(ordered, reverse=True)  # position i+1 needs position i accepted
+    assert total(after, "anydraft_drafted_tokens_total") >= drafts
+
+
+def test_every_series_has_the_model_label(server):
+    httpx.post(server.base + "/v1/chat/completions", json=chat_body(max_tokens=2), timeout=30)
+    samples = scrape(server)
+    ours = [(n, dict(ls)) for n, ls in samples if n.startswith("anydraft_")]
+    assert len(ours) > 20 and all(ls.get("model") == "tiny" for _, ls in ours), ours
