@@ -113,3 +113,18 @@ def test_split_utf8_streams_exactly(s, cut):
 def test_table_is_cached(synthetic_tables):
     t = synthetic_tables["byte-bpe"]
     assert token_table(t) is t
+
+
+def test_a_missing_tokenizer_fails_where_every_model_is_required(monkeypatch):
+    """`make test` sets ANYDRAFT_REQUIRE_MODELS=1: the real-tokenizer tests must then fail, not
+    skip, when a catalog model is missing."""
+    from anydraft.models import catalog
+    from tests.bridge.conftest import _load
+
+    monkeypatch.setattr(type(catalog.CATALOG["gemma3-270m"]), "installed", property(lambda self: False))
+    monkeypatch.setenv("ANYDRAFT_REQUIRE_MODELS", "1")
+    with pytest.raises(pytest.fail.Exception, match="gemma3-270m is not installed"):
+        _load("gemma3-270m")
+    monkeypatch.delenv("ANYDRAFT_REQUIRE_MODELS")
+    with pytest.raises(pytest.skip.Exception):
+        _load("gemma3-270m")
