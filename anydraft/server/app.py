@@ -302,9 +302,12 @@ class Gate:
                 await self._refuse(err, scope, receive, send_tracked, {"WWW-Authenticate": "Bearer"})
             else:
                 await self.app(scope, receive, send_tracked)
-        except Exception:
+        except Exception as exc:  # a bug of ours: one log line and a 500 (not uvicorn's second
+            # traceback, which Starlette's error middleware would add by re-raising it)
+            err = internal_error(exc, f"{scope.get('method')} {path} failed")
+            if not status[0]:
+                await self._refuse(err, scope, receive, send_tracked)
             status[0] = status[0] or 500
-            raise
         finally:
             gone = scope["state"].get("client_gone")  # set by a stream whose client left
             self.metrics.requests.labels(endpoint, "499" if gone else str(status[0] or 499)).inc()
@@ -349,10 +352,6 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         msg = f"{request.method} {request.url.path}: {exc.detail}"
         return error_response(ApiError(exc.status_code, msg, code=code,
                                        headers=getattr(exc, "headers", None)))
-
-    @app.exception_handler(Exception)
-    async def _internal(request, exc: Exception):
-        return error_response(internal_error(exc, f"{request.method} {request.url.path} failed"))
 
     app.add_middleware(Gate, config=config, metrics=metrics)
     if config.cors_origins:  # outside the Gate: a browser's preflight carries no API key

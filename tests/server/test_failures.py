@@ -47,3 +47,18 @@ def test_request_errors_stay_4xx(make_decoder, serve, caplog):
     r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "   "}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
     assert not _logged_ids(caplog)
+
+
+def test_a_bug_in_a_handler_is_one_500_and_one_log_line(make_decoder, serve, caplog, monkeypatch):
+    from anydraft.server.scheduler import Scheduler
+
+    def broken(self, job):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Scheduler, "submit", broken)
+    base = serve([make_decoder()])
+    r = httpx.post(base + CHAT, json=chat_body(), timeout=30)
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert _logged_ids(caplog) == [ERROR_ID.search(r.json()["error"]["message"]).group()]
+    assert len([rec for rec in caplog.records if rec.levelno >= logging.ERROR]) == 1, caplog.text
+    assert scrape_total(base, "anydraft_requests_total", endpoint=CHAT, status="500") == 1
