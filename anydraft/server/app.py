@@ -302,6 +302,8 @@ class Gate:
                 await self._refuse(err, scope, receive, send_tracked, {"WWW-Authenticate": "Bearer"})
             else:
                 await self.app(scope, receive, send_tracked)
+        except ClientDisconnect:  # a response could not be sent: its client left
+            scope["state"]["client_gone"] = True
         except Exception as exc:  # a bug of ours: one log line and a 500 (not uvicorn's second
             # traceback, which Starlette's error middleware would add by re-raising it)
             err = internal_error(exc, f"{scope.get('method')} {path} failed")
