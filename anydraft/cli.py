@@ -142,9 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "fastest on this machine, measured once)")
     d.add_argument("--drafter-dtype", default="auto",
                    help="the drafter's dtype never changes the output (auto: the fastest here)")
-    d.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
-                   help="default: llamacpp when llama-cpp-python is installed (a drafter step "
-                        "costs ~4x less there), else torch")
+    d.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+                   help="auto: llama.cpp or torch, whichever runs the target faster here (measured "
+                        "once); plain decoding and anydraft use the same")
+    d.add_argument("--drafter-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+                   help="auto: whichever drafts faster here (measured once)")
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
     d.set_defaults(func=cmd_demo)

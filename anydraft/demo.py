@@ -9,12 +9,6 @@ from .models import catalog
 from .prompts import builtin_prompts
 
 
-def llamacpp_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
 def run_demo(args) -> int:
     from .decoder import Decoder
 
@@ -24,19 +18,17 @@ def run_demo(args) -> int:
     for name in (args.target, args.drafter):
         if name in catalog.CATALOG and not catalog.CATALOG[name].installed:
             catalog.install(name, progress=lambda m: print(m, file=sys.stderr))
-    backend = args.drafter_backend or ("llamacpp" if llamacpp_available() else "torch")
     dec = Decoder(target=args.target, drafter=args.drafter, method=args.method, dtype=args.dtype,
-                  drafter_dtype=args.drafter_dtype, drafter_backend=backend,
-                  progress=lambda m: print(m, file=sys.stderr))
+                  drafter_dtype=args.drafter_dtype, backend=args.target_backend,
+                  drafter_backend=args.drafter_backend, progress=lambda m: print(m, file=sys.stderr))
     prompts = [p for p in builtin_prompts() if p["category"] == "code"][: max(1, args.n // 2)]
     prompts += [p for p in builtin_prompts() if p["category"] != "code"][: args.n - len(prompts)]
     methods = ["ar"] if dec.drafter is None else ["ar", dec.draft.method]
     from .hardware import this_machine
 
     print("\n".join(this_machine().lines()))
-    drafter = (f"{args.drafter} (llama.cpp, as in its GGUF)" if backend == "llamacpp"
-               else f"{args.drafter} ({dec.drafter.dtype})")
-    print(f"target {args.target} ({dec.target.dtype}), drafter {drafter}, method {args.method}, greedy, "
+    drafter = "none" if dec.drafter is None else f"{args.drafter} ({dec.drafter.path})"
+    print(f"target {args.target} ({dec.target.path}), drafter {drafter}, method {args.method}, greedy, "
           f"{args.max_new_tokens} new tokens\n")
     header = f"| {'prompt':<12} | {'method':<11} | {'tokens':>6} | {'seconds':>7} | {'tok/s':>6} | {'speedup':>7} | identical |"
     print(header)

@@ -70,11 +70,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
     parser.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
     parser.add_argument("--dtype", default="auto",
-                        help="auto (the fastest here, measured once) | float32 | bfloat16 | float16 (target)")
+                        help="auto (the fastest here, measured once) | float32 | bfloat16 | float16, "
+                             "+onednn for oneDNN linear layers, e.g. float32+onednn (target, torch)")
     parser.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
-    parser.add_argument("--target-backend", default="torch", choices=("torch", "llamacpp"),
-                        help="torch (transformers, --dtype) or llamacpp (the GGUF as it is, quantized)")
-    parser.add_argument("--drafter-backend", default=None, choices=("torch", "llamacpp"),
+    parser.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+                        help="auto (the faster here, measured once) | torch (transformers, --dtype) | "
+                             "llamacpp (the GGUF as it is, quantized)")
+    parser.add_argument("--drafter-backend", default=None, choices=("auto", "torch", "llamacpp"),
                         help="default: same as --target-backend")
 
 

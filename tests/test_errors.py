@@ -73,7 +73,7 @@ def test_cli_errors_exit_nonzero_without_traceback(capsys):
 
 
 def test_backend_errors_name_the_fix(tmp_path):
-    with pytest.raises(AnydraftError, match="unknown backend 'cuda': choose one of torch, llamacpp"):
+    with pytest.raises(AnydraftError, match="unknown backend 'cuda': choose one of auto, torch, llamacpp"):
         Decoder(target="no-such-model", backend="cuda")
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(AnydraftError, match="llamacpp backend reads GGUF files"):

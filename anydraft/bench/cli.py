@@ -34,11 +34,11 @@ def register(sub) -> None:
     b.add_argument("--categories", default=None, help="comma list: only these categories")
     b.add_argument("--n", type=int, default=5, help="at most N prompts per category (default 5)")
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--target-backend", default="torch",
-                   help="comma list of torch, llamacpp (GGUF as it is): one AR and one set of runs "
-                        "per backend (default torch)")
-    b.add_argument("--drafter-backend", default="torch",
-                   help="comma list of torch, llamacpp: each drafter runs on each (default torch)")
+    b.add_argument("--target-backend", default="auto",
+                   help="comma list of auto, torch, llamacpp (GGUF as it is): one AR and one set of "
+                        "runs per backend (default auto: the faster here, measured once)")
+    b.add_argument("--drafter-backend", default=None,
+                   help="comma list of auto, torch, llamacpp: each drafter runs on each (default auto)")
     b.add_argument("--dtype", default="auto",
                    help="auto (the fastest here, measured once) | float32 | bfloat16 | float16 (torch backend)")
     b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
@@ -71,9 +71,9 @@ def settings_from_args(args):
     if args.baseline == "hf" and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
     target_backends = parse_backends(args.target_backend, "--target-backend")
-    drafter_backends = parse_backends(args.drafter_backend, "--drafter-backend")
-    if drafter_backends != ["torch"] and not args.drafter:
+    if args.drafter_backend is not None and not args.drafter:
         raise AnydraftError("--drafter-backend needs a drafter: pass --drafter MODEL")
+    drafter_backends = parse_backends(args.drafter_backend or "auto", "--drafter-backend")
     if "llamacpp" in target_backends + drafter_backends and args.device != "cpu":
         raise AnydraftError(f"the llamacpp backend runs on the CPU here: use --device cpu "
                             f"(got {args.device}) or only the torch backend")

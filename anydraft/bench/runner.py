@@ -70,14 +70,24 @@ def parse_methods(text: str, has_drafter: bool) -> list[str]:
 
 
 def parse_backends(text: str, flag: str) -> list[str]:
-    """`torch,llamacpp` -> validated list without repeats."""
+    """`torch,llamacpp` -> validated list without repeats ("auto" is resolved at load)."""
+    choices = ("auto", *BACKENDS)
     names = list(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
     if not names:
-        raise AnydraftError(f"{flag} is empty: choose from {', '.join(BACKENDS)}")
+        raise AnydraftError(f"{flag} is empty: choose from {', '.join(choices)}")
     for b in names:
-        if b not in BACKENDS:
-            raise AnydraftError(f"unknown backend {b!r} in {flag}: choose from {', '.join(BACKENDS)}")
+        if b not in choices:
+            raise AnydraftError(f"unknown backend {b!r} in {flag}: choose from {', '.join(choices)}")
     return names
+
+
+def resolve_backends(backends: list[str], spec: str, role: str, dtype, device: str, progress) -> list[str]:
+    """The backends with "auto" replaced by what it chooses for ``spec`` in ``role``."""
+    from ..hardware.profile import choose_backend
+
+    chosen = [choose_backend(spec, role, dtype or "auto", device, progress)[0] if b == "auto" else b
+              for b in backends]
+    return list(dict.fromkeys(chosen))
 
 
 def backend_sides(target_backends, drafter_backends) -> tuple[bool, bool]:
@@ -153,6 +163,13 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)
     settings.chat = "yes" if chat else "no"
+    settings.target_backends = resolve_backends(settings.target_backends, settings.target, "target",
+                                                settings.dtype, settings.device, progress_note)
+    if settings.drafters:
+        settings.drafter_backends = list(dict.fromkeys(
+            b for name in settings.drafters for b in resolve_backends(
+                settings.drafter_backends, name, "drafter", settings.drafter_dtype or settings.dtype,
+                settings.device, progress_note)))
     targets = {tb: load(settings.target, tb, target_tok, settings.dtype, settings.device, progress_note)
                for tb in settings.target_backends}
     if "torch" in targets:  # record what "auto" chose

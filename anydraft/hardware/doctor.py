@@ -8,14 +8,12 @@ import sys
 from . import profile
 from .machine import this_machine
 
+LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path name doctor prints
 
-def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | None:
-    """The llama.cpp cost curve of a GGUF model (None when not a GGUF or not installed)."""
-    import importlib.util
 
-    from ..models.loading import resolve
-
-    if importlib.util.find_spec("llama_cpp") is None or resolve(spec).gguf_file is None:
+def _llamacpp_curve(spec: str, device: str, remeasure: bool, progress) -> dict[int, float] | None:
+    """The llama.cpp cost curve of a GGUF model (None when llama.cpp cannot run it here)."""
+    if not profile.llamacpp_runs(spec, device):
         return None
     return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
 
@@ -27,13 +25,17 @@ def report(models: list[str], device: str = "cpu", progress=None, remeasure: boo
         curves = profile.curves(spec, "torch", profile.candidates(device), device, progress, remeasure)[0]
         best = profile.fastest(curves)
         paths = {f"torch {d}": c for d, c in curves.items()}
-        llama = _llamacpp_curve(spec, remeasure, progress)
+        llama = _llamacpp_curve(spec, device, remeasure, progress)
         if llama is not None:
-            paths["llama.cpp (GGUF as shipped)"] = llama
+            paths[LLAMACPP] = llama
+        as_target, as_drafter = (
+            LLAMACPP if llama and profile.prefer_llamacpp(role, llama, curves[best]) else f"torch {best}"
+            for role in ("target", "drafter"))
         out["models"][spec] = {
             "curves_ms": {path: {m: round(s * 1e3, 2) for m, s in c.items()} for path, c in paths.items()},
             "tokens_per_s": {path: round(profile.rate(c), 2) for path, c in paths.items()},
             "dtype_auto": best,
+            "backend_auto": {"target": as_target, "drafter": as_drafter},
         }
     return out
 
@@ -50,9 +52,9 @@ def print_report(data: dict) -> None:
                   + f" | {m['tokens_per_s'][path]:.1f} |")
         print(f"dtype auto -> {m['dtype_auto']}: the most expected tokens per second at the prior "
               "acceptance (0.5 per token), over plain and speculative steps")
-        if "llama.cpp (GGUF as shipped)" in m["tokens_per_s"]:
-            print(f"fastest path here: {max(m['tokens_per_s'], key=m['tokens_per_s'].get)} (pass --target-backend/--drafter-backend "
-                  "llamacpp to use llama.cpp; its quantized weights are a different model)")
+        auto = m["backend_auto"]
+        print(f"backend auto -> as a target: {auto['target']} (the same rule); as a drafter: "
+              f"{auto['drafter']} (the cheaper one-token step)")
 
 
 def cmd_doctor(args) -> int:

@@ -193,6 +193,46 @@ def choose_dtype(spec: str, device: str = "cpu", progress=None):
     return best, (model.model if model is not None else None), found
 
 
+def llamacpp_runs(spec: str, device: str = "cpu") -> bool:
+    """Whether llama.cpp can run ``spec`` here: a GGUF model, llama-cpp-python installed, a CPU."""
+    import importlib.util
+
+    from ..models.loading import resolve
+
+    return (str(device).startswith("cpu") and importlib.util.find_spec("llama_cpp") is not None
+            and resolve(spec).gguf_file is not None)
+
+
+def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float]) -> bool:
+    """Whether llama.cpp's curve beats torch's for a model in ``role``: a target by `rate` (its
+    plain and speculative steps), a drafter by its one-token step (it drafts one per pass)."""
+    if role == "target":
+        return rate(llama) > rate(torch)
+    return llama[1] < torch[1]
+
+
+def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", progress=None):
+    """``(backend, dtype, model or None)`` for ``backend="auto"``: llama.cpp (the GGUF as it
+    is, quantized) or PyTorch in ``dtype`` (``"auto"``: its fastest path), whichever the
+    measured curves favour (`prefer_llamacpp`). The torch model is returned when the choice
+    loaded it."""
+    if not llamacpp_runs(spec, device):
+        return "torch", dtype, None
+    if dtype == "auto":
+        dtype, model, torch_curves = choose_dtype(spec, device, progress)
+        torch_curve = torch_curves[dtype]
+    else:
+        found, loaded = curves(spec, "torch", (dtype,), device, progress)
+        torch_curve, model = found[dtype], (loaded.model if loaded is not None else None)
+    llama_curve = curves(spec, "llamacpp", ("gguf",), "cpu", progress)[0]["gguf"]
+    llama = prefer_llamacpp(role, llama_curve, torch_curve)
+    if progress:
+        progress(f"backend auto: {spec} as {role} on {'llama.cpp' if llama else 'torch ' + dtype} "
+                 f"(llama.cpp: 1 token {llama_curve[1] * 1e3:.0f} ms, 9 tokens {llama_curve[9] / llama_curve[1]:.2f}x that; "
+                 f"torch {dtype}: 1 token {torch_curve[1] * 1e3:.0f} ms, 9 tokens {torch_curve[9] / torch_curve[1]:.2f}x)")
+    return ("llamacpp", "", None) if llama else ("torch", dtype, model)
+
+
 def explain(curves: dict[str, dict[int, float]]) -> str:
     """One line per choice: each candidate's plain step and the cost of scoring 9 tokens."""
     return "; ".join(f"{d}: 1 token {c[1] * 1e3:.0f} ms, 9 tokens {c.get(9, float('nan')) / c[1]:.2f}x that"

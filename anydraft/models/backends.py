@@ -16,11 +16,13 @@ from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve
 from .session import HFSession, Session, context_window
 
 BACKENDS = ("torch", "llamacpp")
+# "auto": llama.cpp or torch, whichever runs the model faster here, measured (hardware/profile.py)
 
 
-def check_backend(name: str) -> str:
-    if name not in BACKENDS:
-        raise AnydraftError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+def check_backend(name: str, allow_auto: bool = True) -> str:
+    if name not in BACKENDS + ((AUTO,) if allow_auto else ()):
+        choices = ", ".join(((AUTO,) if allow_auto else ()) + BACKENDS)
+        raise AnydraftError(f"unknown backend {name!r}: choose one of {choices}")
     return name
 
 
@@ -30,6 +32,15 @@ class LoadedModel:
     model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel
     tokenizer: object
     dtype: str = ""  # the torch dtype it runs in ("auto" resolved); "" for llama.cpp or an object
+
+    @property
+    def backend(self) -> str:
+        return "llamacpp" if isinstance(self.model, llamacpp.LlamaCppModel) else "torch"
+
+    @property
+    def path(self) -> str:
+        """How it runs, for people: "llama.cpp (GGUF)" or "torch <dtype>"."""
+        return "llama.cpp (GGUF)" if self.backend == "llamacpp" else f"torch {self.dtype or 'as given'}"
 
     def new_session(self) -> Session:
         if isinstance(self.model, llamacpp.LlamaCppModel):
@@ -68,14 +79,22 @@ class LoadedModel:
 
 
 def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str = "cpu",
-         progress=None) -> LoadedModel:
+         progress=None, role: str = "target") -> LoadedModel:
     """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
 
     ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion); ``dtype``
     applies to the torch backend only: ``"auto"`` measures the candidates on this machine
-    (once, cached) and keeps the fastest (hardware/profile.py).
+    (once, cached) and keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise
+    measures llama.cpp against torch for the ``role`` ("target" or "drafter") the model plays.
     """
     check_backend(backend)
+    model = None
+    if backend == AUTO and isinstance(spec, str):
+        from ..hardware.profile import choose_backend
+
+        backend, dtype, model = choose_backend(spec, role, dtype, device, progress)
+    elif backend == AUTO:
+        backend = "llamacpp" if isinstance(spec, llamacpp.LlamaCppModel) else "torch"
     if not isinstance(spec, str):
         if tokenizer is None:
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
@@ -92,8 +111,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         if str(device) != "cpu":
             raise AnydraftError("the llamacpp backend runs on the CPU here: use device='cpu'")
         model = llamacpp.LlamaCppModel.load(source, progress=progress)
-    else:
-        model = None
+    elif model is None:
         if parse_dtype(dtype, allow_auto=True) == AUTO:
             from ..hardware.profile import choose_dtype
 

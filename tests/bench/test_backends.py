@@ -25,7 +25,23 @@ def test_backend_lists_and_fixed_k_reach_the_settings():
     assert s.target_backends == ["torch", "llamacpp"] and s.drafter_backends == ["llamacpp"]
     assert s.draft.adaptive is False
     s = settings_from_args(_args())
-    assert s.target_backends == s.drafter_backends == ["torch"] and s.draft.adaptive is True
+    assert s.target_backends == s.drafter_backends == ["auto"] and s.draft.adaptive is True
+
+
+def test_auto_backends_resolve_per_model_and_role(monkeypatch):
+    from anydraft.bench import runner
+    from anydraft.hardware import profile
+
+    seen = []
+
+    def choose(spec, role, dtype, device, progress):
+        seen.append((spec, role))
+        return ("llamacpp" if role == "target" else "torch"), dtype, None
+
+    monkeypatch.setattr(profile, "choose_backend", choose)
+    got = runner.resolve_backends(["auto", "torch", "llamacpp"], "t", "target", "auto", "cpu", None)
+    assert got == ["llamacpp", "torch"] and seen == [("t", "target")]
+    assert runner.resolve_backends(["auto"], "d", "drafter", None, "cpu", None) == ["torch"]
 
 
 def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, torch_ar_tps=10.0, category="code"):

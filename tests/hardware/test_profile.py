@@ -101,3 +101,35 @@ def test_the_candidates_follow_the_machine(monkeypatch):
     monkeypatch.setattr(profile, "this_machine", lambda: native)
     assert {"float32", "bfloat16"} <= set(profile.candidates("cpu"))
     assert "float16" in profile.candidates("cuda")
+
+
+LLAMA = {1: 0.12, 5: 0.45, 9: 0.75}  # a quantized GGUF on llama.cpp: fast, steep (AVX2 shape)
+ONEDNN = {1: 0.30, 5: 0.45, 9: 0.50}  # float32 on oneDNN: slower plain step, flat
+
+
+def test_llamacpp_wins_a_target_by_rate_and_a_drafter_by_its_one_token_step():
+    assert profile.prefer_llamacpp("target", LLAMA, ONEDNN)
+    assert not profile.prefer_llamacpp("target", LLAMA, {1: 0.05, 5: 0.06, 9: 0.07})
+    assert profile.prefer_llamacpp("drafter", {1: 0.012, 9: 0.06}, {1: 0.03, 9: 0.04})
+    assert not profile.prefer_llamacpp("drafter", {1: 0.05, 9: 0.06}, {1: 0.03, 9: 0.2})
+
+
+@pytest.mark.parametrize("llama, want", [(LLAMA, "llamacpp"), ({1: 0.9, 5: 4.0, 9: 8.0}, "torch")])
+def test_auto_backend_follows_the_measured_curves(llama, want, monkeypatch):
+    found = {"float32+onednn": ONEDNN, "gguf": llama}
+    monkeypatch.setattr(profile, "llamacpp_runs", lambda spec, device: True)
+    monkeypatch.setattr(profile, "candidates", lambda device: ("float32+onednn",))
+    monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
+    monkeypatch.setattr(profile, "cached", lambda key: found[key])
+    backend, dtype, model = profile.choose_backend("any.gguf", "target")
+    assert (backend, model) == (want, None)
+    assert dtype == ("" if want == "llamacpp" else "float32+onednn")
+
+
+def test_a_model_llamacpp_cannot_run_stays_on_torch_unmeasured(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("nothing is measured for a choice that does not exist")
+
+    monkeypatch.setattr(profile, "curves", fail)
+    (tmp_path / "config.json").write_text("{}")  # a transformers directory, not a GGUF
+    assert profile.choose_backend(str(tmp_path), "target", "float32") == ("torch", "float32", None)
