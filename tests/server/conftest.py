@@ -233,7 +233,9 @@ def serve():
     with ExitStack() as stack:
         def start(decoders, uvicorn_options=None, **config):
             app = create_app(decoders, ServerConfig(model_id=MODEL_ID, **config))
+            start.apps.append(app)  # tests may watch its scheduler directly
             return stack.enter_context(serve_in_thread(app, **(uvicorn_options or {})))
+        start.apps = []
         yield start
 
 

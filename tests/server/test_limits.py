@@ -34,8 +34,9 @@ def test_request_timeout_cuts_a_generation_short_with_length(make_decoder, serve
 
 
 def test_request_timeout_while_queued_is_a_503(make_decoder, serve):
-    # each target call takes 0.8 s: the first request holds the worker past the second's deadline
-    base = serve([make_decoder(per_call=0.8)], request_timeout=1.2)
+    # the first request's first target call takes 2 s: it holds the worker past the deadline of
+    # a second that arrives within 1 s of it
+    base = serve([make_decoder(per_call=2.0)], request_timeout=1.0)
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(httpx.post, base + CHAT, json=chat_body(max_tokens=100), timeout=30)
         wait_for(lambda: health(base)["active"] == 1, what="the first request to run")
