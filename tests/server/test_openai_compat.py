@@ -55,3 +55,9 @@ def test_public_name():
     assert public_name("~/m") == "m"
     assert public_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id stays
     assert public_name("smollm2-135m") == "smollm2-135m" and public_name(None) is None
+
+
+def test_error_messages_show_no_filesystem_paths(server, model_dir):
+    r = httpx.post(server.base + CHAT, json=chat_body("hello " * 5000), timeout=30)
+    assert r.status_code == 400 and "context window" in r.json()["error"]["message"]
+    assert str(model_dir) not in r.text and model_dir.name in r.text
