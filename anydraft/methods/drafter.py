@@ -103,13 +103,22 @@ class Drafter:
             try:
                 n_keep, feed = resync(self.table, self.ids, self.drafts, new_bytes)
             except UnspellableBytes:
-                # a byte the drafter's vocabulary cannot spell: show the drafter U+FFFD instead.
-                # Only the drafter's view of the text changes; the output stays the target's.
+                # a byte the drafter's vocabulary cannot spell: show the drafter U+FFFD instead
+                # (nothing, where it cannot spell that either; a target's special token such
+                # as "<|im_end|>" may be such text). Only the drafter's view of the text
+                # changes; the output stays the target's.
                 byte_ids = self.table.byte_ids
-                spellable = "".join(
-                    c if all(byte_ids[b] is not None for b in c.encode()) else "\ufffd"
-                    for c in new_bytes.decode("utf-8", errors="replace"))
-                n_keep, feed = resync(self.table, self.ids, self.drafts, spellable.encode())
+
+                def spells(c: str) -> bool:
+                    return all(byte_ids[b] is not None for b in c.encode())
+
+                mark = "\ufffd" if spells("\ufffd") else ""
+                shown = "".join(c if spells(c) else mark
+                                for c in new_bytes.decode("utf-8", errors="replace"))
+                try:
+                    n_keep, feed = resync(self.table, self.ids, self.drafts, shown.encode())
+                except UnspellableBytes:  # the drafter's own tail re-encodes unspellably
+                    n_keep, feed = 0, []
         self._commit(n_keep, feed)
 
     def _commit(self, n_keep: int, feed: list[int]) -> None:

@@ -235,3 +235,51 @@ def test_slrs_range_masses_survive_cancellation(toys):
     assert m.range(lo, hi) == 1e-30
     assert m.range(trie.exact(b"c")[1], trie.span(b"c")[1]) == 1e-30  # longer than "c"
     assert m.children(b"c")[ord("a")] == 1e-30 and m.children(b"")[ord("c")] == 1.0
+
+
+# -- the richer pair: multi-byte characters, specials, BOS, duplicate spellings, padding ------
+RICH_PROMPT = [1, 3]  # <bos> "a"
+RICH_CASES = [  # (settings, max new tokens, stop strings, context window)
+    (dict(temperature=0.7, top_k=4), 3, (), 64),
+    (dict(temperature=1.0), 2, (), 64),  # untruncated: specials, padding, every branch
+    (dict(temperature=1.3, top_p=0.9), 2, ("éa", "\xa9"), 64),  # stops across tokens
+    (dict(temperature=0.8, min_p=0.05), 3, (), 4),  # the window ends after 2 new tokens
+    (dict(temperature=0.0), 3, ("aa",), 4),
+]
+
+
+@pytest.fixture(scope="module")
+def rich():
+    from tests.methods.toys import rich_tokenizers
+
+    return rich_tokenizers()
+
+
+@pytest.mark.parametrize("case", RICH_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{c[3]}")
+@pytest.mark.parametrize("method", ["ar", "sd", "slem", "tli", "slrs"])
+def test_the_richer_pair_is_exact(rich, method, case):
+    """Every method on a pair with UTF-8 split across tokens, special and BOS tokens, ids that
+    spell the same bytes (the target's "é" twice: slrs draws between them), a drafter token
+    that starts mid-character, padded logits on both sides (ids that spell nothing: slrs's
+    SPECIAL and NOMATCH outcomes), stop strings and a context window that ends the output."""
+    from tests.methods.toys import Toys
+
+    settings, max_new_tokens, stop, context = case
+    target, drafter = rich
+    if method == "sd":  # the drafter: another model with the target's own vocabulary
+        toys = Toys(target=target, drafter=target, target_width=10, drafter_width=10,
+                    context=context)
+    else:
+        toys = Toys(target=target, drafter=drafter, target_width=10, drafter_width=9,
+                    context=context)
+    table = toys.target_table
+    assert table.token_bytes[6] == table.token_bytes[8] == "é".encode()
+    p = params(**settings)
+    want = toys.exact_target_distribution(RICH_PROMPT, p, max_new_tokens, stop)
+    pairing = toys.pairing(num_draft_tokens=2)
+    make = {"ar": Autoregressive, "sd": SpeculativeSampling, **METHODS}[method]
+    got, paths = toys.method_distribution(
+        (lambda: make()) if method == "ar" else (lambda: make(pairing)), RICH_PROMPT, p,
+        max_new_tokens, stop)
+    assert paths >= len(want)
+    assert_same_distribution(got, want)

@@ -25,27 +25,51 @@ DRAFTER_VOCAB = ["<eos>", "a", "b", "c", "ca", "bb"]
 DRAFTER_MERGES = [("c", "a"), ("b", "b")]
 
 
-def toy_tokenizer(vocab, merges):
+# A richer pair over {a, é} (é = bytes C3 A9, "Ã" and "©" as GPT-2 stand-ins): multi-byte
+# characters split across tokens, special tokens that are not EOS, BOS in both, two target ids
+# that spell "é" (the BPE token and an added one, which the tokenizer emits), a drafter token
+# that starts with a continuation byte ("©a"), and tokens the other side cannot spell whole.
+RICH_TARGET_VOCAB = ["<eos>", "<bos>", "<sp>", "a", "Ã", "©", "Ã©", "aÃ©"]
+RICH_TARGET_MERGES = [("Ã", "©"), ("a", "Ã©")]
+RICH_DRAFTER_VOCAB = ["<eos>", "<bos>", "a", "Ã", "©", "Ã©", "©a", "aa"]
+RICH_DRAFTER_MERGES = [("Ã", "©"), ("a", "a"), ("©", "a")]
+
+
+def rich_tokenizers():
+    """(target, drafter) of the richer pair."""
+    target = toy_tokenizer(RICH_TARGET_VOCAB, RICH_TARGET_MERGES, ("<eos>", "<bos>", "<sp>"),
+                           added=("é",), bos="<bos>")
+    drafter = toy_tokenizer(RICH_DRAFTER_VOCAB, RICH_DRAFTER_MERGES, ("<eos>", "<bos>"),
+                            bos="<bos>")
+    return target, drafter
+
+
+def toy_tokenizer(vocab, merges, specials=("<eos>",), added=(), bos=None):
+    """Byte-level BPE over ``vocab`` (GPT-2 stand-ins: "Ã" is byte 0xC3, "©" 0xA9); the first
+    of ``specials`` is EOS, ``bos`` (one of them) BOS; ``added``: plain added tokens, matched
+    on the text first (an added "é" spells what "Ã©" spells: two ids, the same bytes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(vocab)}, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    fast.add_special_tokens({"eos_token": "<eos>"})
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=specials[0], bos_token=bos)
+    fast.add_special_tokens({"eos_token": specials[0],
+                             "additional_special_tokens": list(specials[1:])})
+    if added:
+        fast.add_tokens(list(added))
     return fast
 
 
 class ToySession:
     """A `Session` whose next-token logits are a hash of the ids so far (float64)."""
 
-    max_length = 64
-
-    def __init__(self, vocab_size: int, salt: str, scale: float = 2.0):
+    def __init__(self, vocab_size: int, salt: str, scale: float = 2.0, max_length: int = 64):
         self.vocab_size = vocab_size
         self.salt = salt
         self.scale = scale
+        self.max_length = max_length
         self.ids: list[int] = []
 
     def __len__(self):
@@ -57,6 +81,8 @@ class ToySession:
         return torch.randn(self.vocab_size, generator=g, dtype=torch.float64) * self.scale
 
     def feed(self, ids, rows=None):
+        assert len(self.ids) + len(ids) <= self.max_length, "fed beyond the context window"
+        assert all(0 <= t < self.vocab_size for t in ids), "an id without a logits row"
         rows = len(ids) if rows is None else rows
         out = []
         for t in ids:
@@ -100,33 +126,50 @@ class Enumerator:
 class Toys:
     """A target and a drafter toy. The defaults are the pair above; ``drafter_vocab`` (merges
     over its own tokens), the logits widths (wider: padded; narrower: a tokenizer longer than
-    the model) and ``target_eos=False`` (a target tokenizer without EOS) vary it."""
+    the model) and ``target_eos=False`` (a target tokenizer without EOS) vary it; ``target``
+    and ``drafter`` replace a tokenizer whole; ``context``: the target's window."""
 
     def __init__(self, drafter_vocab=DRAFTER_VOCAB, drafter_merges=DRAFTER_MERGES,
-                 target_width=None, drafter_width=None, target_eos=True):
-        self.target_tok = toy_tokenizer(TARGET_VOCAB, TARGET_MERGES)
-        self.drafter_tok = toy_tokenizer(drafter_vocab, drafter_merges)
+                 target_width=None, drafter_width=None, target_eos=True, target=None,
+                 drafter=None, context=64):
+        self.target_tok = target or toy_tokenizer(TARGET_VOCAB, TARGET_MERGES)
+        self.drafter_tok = drafter or toy_tokenizer(drafter_vocab, drafter_merges)
         self.target_table = token_table(self.target_tok)
         if not target_eos:  # "<eos>" stays a special token, but nothing ends a generation
             self.target_table = dataclasses.replace(self.target_table, eos_id=None,
                                                     eos_ids=frozenset())
         self.drafter_table = token_table(self.drafter_tok)
-        self.target_width = target_width or len(TARGET_VOCAB)
-        self.drafter_width = drafter_width or len(drafter_vocab)
+        self.target_width = target_width or len(self.target_table)
+        self.drafter_width = drafter_width or len(self.drafter_table)
+        self.context = context
 
     def pairing(self, num_draft_tokens=2, drafter_salt="drafter"):
-        width = self.drafter_width
+        width, bos = self.drafter_width, self.drafter_table.bos_id
         return Pairing(self.target_table, self.drafter_table, self.target_width, width,
-                       lambda: ToySession(width, drafter_salt), [], num_draft_tokens)
+                       lambda: ToySession(width, drafter_salt), [] if bos is None else [bos],
+                       num_draft_tokens)
 
-    def exact_target_distribution(self, prompt, params, max_new_tokens) -> dict:
-        """Plain sampling from the target, computed by recursion, independently of the loop."""
-        session = ToySession(self.target_width, "target")
+    def target_session(self) -> ToySession:
+        return ToySession(self.target_width, "target", max_length=self.context)
+
+    def _text(self, stop):
+        return TextAssembler(self.target_table.token_bytes, self.target_table.special_ids, stop)
+
+    def exact_target_distribution(self, prompt, params, max_new_tokens, stop=()) -> dict:
+        """Plain sampling from the target, computed by recursion, independently of the loop:
+        a sequence ends at max_new_tokens, an EOS, a completed stop string (its last token
+        kept) or a full context window."""
+        session = self.target_session()
         eos = self.target_table.eos_ids
         dist = defaultdict(float)
 
+        def stopped(seq):
+            text = self._text(stop)
+            return any(text.add(t) for t in seq)
+
         def walk(seq, prob):
-            if len(seq) == max_new_tokens or (seq and seq[-1] in eos):
+            if (len(seq) == max_new_tokens or (seq and seq[-1] in eos) or stopped(seq)
+                    or len(prompt) + len(seq) >= self.context):
                 dist[tuple(seq)] += prob
                 return
             p = params.probs(session.logits(tuple(prompt + seq)))
@@ -137,16 +180,17 @@ class Toys:
         walk([], 1.0)
         return dict(dist)
 
-    def method_distribution(self, make_method, prompt, params, max_new_tokens) -> tuple[dict, int]:
+    def method_distribution(self, make_method, prompt, params, max_new_tokens,
+                            stop=()) -> tuple[dict, int]:
         """Run the real decoding loop over every random path; exact output distribution."""
         dist = defaultdict(float)
         todo, paths = [[]], 0
         while todo:
             gen = Enumerator(todo.pop())
-            state = DecodeState(ToySession(self.target_width, "target"), list(prompt), params, gen, Stats())
-            text = TextAssembler(self.target_table.token_bytes, self.target_table.special_ids)
+            state = DecodeState(self.target_session(), list(prompt), params, gen, Stats())
             out = [t for chunk in decode(state, make_method(), max_new_tokens,
-                                         self.target_table.eos_ids, text, Finish()) for t in chunk]
+                                         self.target_table.eos_ids, self._text(stop), Finish())
+                   for t in chunk]
             dist[tuple(out)] += gen.prob
             todo.extend(gen.alternatives)
             paths += 1
