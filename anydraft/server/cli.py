@@ -116,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
         request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
         trusted_proxies=proxies,
-        allowed_hosts=tuple(h.lower() for h in allowed_hosts) if allowed_hosts else None,
+        allowed_hosts=tuple(h.lower().strip("[]") for h in allowed_hosts) if allowed_hosts else None,
         cors_origins=tuple(args.cors_origins))
     app = create_app(decoders, config)
     print(f"anydraft: serving {config.model_id!r} (method {decoders[0].draft.method}, "

@@ -90,7 +90,7 @@ def served(monkeypatch, make_decoder):
 def test_cli_passes_limits_and_safety_options(served):
     got = served("--max-connections", "7", "--request-timeout", "30", "--max-prompt-tokens",
                  "100", "--body-timeout", "5", "--max-queued-per-client", "3",
-                 "--trusted-proxies", "10.0.0.0/8,127.0.0.1", "--allowed-hosts", "API.example",
+                 "--trusted-proxies", "10.0.0.0/8,127.0.0.1", "--allowed-hosts", "API.example,[::1]",
                  "--cors-origins", "https://a.example")
     assert got["limit_concurrency"] == 7 and got["proxy_headers"] is False
     cfg = got["app"].state.config
@@ -98,7 +98,7 @@ def test_cli_passes_limits_and_safety_options(served):
     assert got["app"].state.scheduler.max_per_client == 3
     assert cfg.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"),
                                    ipaddress.ip_network("127.0.0.1/32"))
-    assert cfg.allowed_hosts == ("api.example",) and cfg.cors_origins == ("https://a.example",)
+    assert cfg.allowed_hosts == ("api.example", "::1") and cfg.cors_origins == ("https://a.example",)
     assert cfg.model_id == "tiny-model"  # a path is not shown to clients
 
 
