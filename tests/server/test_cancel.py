@@ -93,3 +93,22 @@ def test_disconnect_during_steps_that_show_no_text_frees_the_worker(make_decoder
     r = httpx.post(base + CHAT, json={**chat_body("hi"), "max_tokens": 3}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert r.json()["model"] == MODEL_ID
+
+
+def test_chunked_prefill_keeps_speculative_output(decoder):
+    """With a drafter (sd, drafts always offered), a cancellable stream gives the tokens that
+    plain `generate` gives, on a prompt several chunks long."""
+    import copy
+
+    from anydraft import Decoder
+
+    model, tok = decoder.target.model, decoder.target.tokenizer
+    dec = Decoder(target=model, tokenizer=copy.deepcopy(tok), drafter=model,
+                  drafter_tokenizer=copy.deepcopy(tok), method="sd", adaptive=False)
+    prompt = "the quick brown fox jumps over the lazy dog " * 70  # > 2 chunks
+    ref = dec.generate(prompt, max_new_tokens=24, chat=False)
+    stream = dec.stream(prompt, max_new_tokens=24, chat=False, cancel=lambda: None)
+    text = "".join(stream)
+    assert stream.prompt_tokens > 2 * PREFILL_CHUNK
+    assert stream.output.token_ids == ref.token_ids and text == ref.text
+    assert stream.output.stats["drafted"] > 0 and stream.output.stats["drafts"] > 0
