@@ -21,11 +21,11 @@ from scipy.stats import chi2, chisquare, ncx2
 from anydraft import Decoder
 from anydraft.bridge import token_table
 from anydraft.bridge.intersection import intersect
-from anydraft.bridge.translate import continue_tokens
-from anydraft.methods.verify import verify_exact, verify_rejection
+from anydraft.decoding import Stats
+from anydraft.methods.verify import verify_rejection
 from anydraft.models.loading import load_tokenizer
 from anydraft.models.session import HFSession
-from anydraft.sampling import SamplingParams
+from anydraft.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.slow  # three real models in float32, then ~10^5 verification steps
 
@@ -61,16 +61,6 @@ class FastRNG:
         return self.rng.random() < p
 
 
-class PrecomputedChoice:
-    """`SamplingParams.choose` for one fixed position, with its processed p computed once."""
-
-    def __init__(self, p):
-        self.p = p
-
-    def choose(self, logits, rng):
-        return rng.sample(self.p)
-
-
 def chi_square_pvalue(samples, p: torch.Tensor, n: int) -> float:
     """Chi-square of emitted tokens against p: bins with expected count >= 5, rest lumped."""
     p = p.double().numpy()
@@ -94,18 +84,31 @@ def chi_square_power(p: torch.Tensor, r: torch.Tensor, n: int) -> float:
     return float(ncx2.sf(chi2.isf(LEVEL, df), df, n * ((rb - pb) ** 2 / pb).sum()))
 
 
-def last_logits(model, tokenizer, text):
+def last_logits(model, tokenizer, text, rows=1):
+    """Logits after ``text`` (``rows`` > 1: the last rows, the last one first)."""
     ids = tokenizer.encode(text, add_special_tokens=True)
-    return HFSession(model).feed(ids, rows=1)[-1], ids
+    logits = HFSession(model).feed(ids, rows=rows)
+    return (logits[-1] if rows == 1 else logits.flip(0)), ids
+
+
+class Dists(dict):
+    """Raw logits at one position, loaded on first use: Qwen-0.5B (target), SmolLM2 (other
+    vocabulary; "smollm2-rows": its last three positions, for multi-token drafts), Qwen-1.5B."""
+
+    def __init__(self, real_model):
+        super().__init__()
+        self.real_model = real_model
+
+    def __missing__(self, name):
+        model = name.removesuffix("-rows")
+        rows = 3 if name.endswith("-rows") else 1
+        self[name] = last_logits(self.real_model(model), load_tokenizer(model), CONTEXT, rows)
+        return self[name]
 
 
 @pytest.fixture(scope="module")
 def dists(real_model):
-    """Raw logits at one position: Qwen-0.5B (target), SmolLM2 (other vocab), Qwen-1.5B."""
-    out = {}
-    for name in ("qwen2.5-coder-0.5b", "smollm2-135m", "qwen2.5-coder-1.5b"):
-        out[name] = last_logits(real_model(name), load_tokenizer(name), CONTEXT)
-    return out
+    return Dists(real_model)
 
 
 @pytest.fixture
@@ -154,54 +157,114 @@ def test_one_verification_step_emits_p(dists, settings, method):
                 x = int(m.drafter_to_target[rng.sample(q_d)])
                 n, token = verify_rejection(pp, q_t[None], [x], rng)
                 samples.append(x if n == 1 else token)
-        else:
-            q_d = params.probs(drafter_logits)
-            first = {}  # first target token of each drafted token's text
-            logits2 = target_logits.expand(2, -1)
-            own_choice = PrecomputedChoice(p)
-            samples = []
-            for _ in range(TRIALS):
-                d = rng.sample(q_d)
-                if d not in first:
-                    first[d] = continue_tokens(ttable, target_ids, dtable.token_bytes[d])[:1]
-                n, token = verify_exact(logits2, first[d], own_choice, rng)
-                samples.append(first[d][0] if n == 1 else token)
+        else:  # slem's own propose and verify; the drafter drafts 1-3 tokens
+            samples = slem_first_tokens(params, ttable, dtable, target_logits, target_ids,
+                                        dists["smollm2-135m-rows"][0], rng)
     assert chi_square_pvalue(samples, p, TRIALS) > LEVEL
+
+
+class CachedParams:
+    """The sampling settings with `probs` memoised per logits row (20k steps reuse the same
+    few rows); `choose` is `SamplingParams.choose` itself, over the memoised `probs`."""
+
+    def __init__(self, params):
+        self.params, self.greedy, self._memo = params, params.greedy, {}
+
+    def probs(self, logits):
+        key = (logits.data_ptr(), tuple(logits.shape), tuple(logits.stride()))
+        if key not in self._memo:
+            self._memo[key] = (logits, self.params.probs(logits))
+        return self._memo[key][1]
+
+    def choose(self, logits, generator):
+        return SamplingParams.choose(self, logits, generator)
+
+
+class ContextFreeDrafter:
+    """A drafter whose j-th token is drawn from ``qs[j]`` whatever came before (a valid,
+    if poor, drafter: the methods' exactness holds for any proposal), through the same
+    `propose` interface as `methods.drafter.Drafter`."""
+
+    def __init__(self, qs, lengths):
+        self.qs, self.lengths = qs, lengths
+
+    def propose(self, k, to_probs, greedy, generator, confidence, stop_ids=(), read=0):
+        k = min(k, self.lengths[generator.rng.integers(len(self.lengths))])
+        drafts = []
+        for q in self.qs[:k]:
+            drafts.append(sample(q, generator))
+            if drafts[-1] in stop_ids:
+                break
+        return drafts, self.qs[:len(drafts)]
+
+
+def step_state(params, rng, committed):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(params=params, generator=rng, stats=Stats(), committed=committed,
+                           budget=100, target=SimpleNamespace(max_length=10_000))
+
+
+def slem_first_tokens(params, ttable, dtable, target_logits, target_ids, drafter_logits, rng):
+    """The first token slem commits, drafting 1-3 drafter tokens (the 2nd and 3rd from the
+    drafter's distribution at other positions) and verifying against the target's logits
+    (rows after the first: the same logits, a target that ignores its context)."""
+    from anydraft.methods import StringLevelExactMatch
+    from anydraft.methods.pairing import Pairing
+
+    cached = CachedParams(params)
+    method = StringLevelExactMatch(Pairing(ttable, dtable, len(target_logits),
+                                           len(drafter_logits[0]), None, []))
+    drafter = ContextFreeDrafter([cached.probs(row) for row in drafter_logits], (1, 2, 3))
+    rows = target_logits.expand(12, -1)
+    samples = []
+    for _ in range(TRIALS):
+        state = step_state(cached, rng, target_ids)
+        proposal = method.propose(state, drafter, 3, 0)
+        n, token = method.verify(state, proposal, rows[: len(proposal.candidates) + 1])
+        samples.append(proposal.candidates[0] if n else token)
+    return samples
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("settings", SETTINGS[:1], ids=str)
 @pytest.mark.usefixtures("one_thread")
 def test_slrs_one_step_emits_p(dists, settings, monkeypatch):
-    """SLRS: draft one drafter token, walk its bytes; the first emitted token follows p."""
+    """SLRS through its own propose and verify: the drafter drafts 1-3 tokens (the 2nd and
+    3rd from SmolLM2's distributions at other positions), the walk crosses their boundaries;
+    the first emitted token follows p."""
     from anydraft.methods import slrs
     from anydraft.methods.pairing import Pairing
 
-    # the walk rebuilds prefix sums of the same two distributions every trial: memoise them
+    # the walk rebuilds prefix sums of the same few distributions every trial: memoise them
     build, memo = slrs.Masses, {}
 
     def masses(trie, probs):
         key = (id(trie), probs.data_ptr(), len(probs))
         if key not in memo:
-            memo[key] = build(trie, probs)
-        return memo[key]
+            memo[key] = (probs, build(trie, probs))
+        return memo[key][1]
 
     monkeypatch.setattr(slrs, "Masses", masses)
-    params = SamplingParams(**settings)
+    params = CachedParams(SamplingParams(**settings))
     target_logits, target_ids = dists["qwen2.5-coder-0.5b"]
     p = params.probs(target_logits)
     ttable = token_table(load_tokenizer("qwen2.5-coder-0.5b"))
     dtable = token_table(load_tokenizer("smollm2-135m"))
-    q = params.probs(dists["smollm2-135m"][0])
-    method = slrs.StringLevelRejectionSampling(Pairing(ttable, dtable, len(p), len(q), None, []))
-    rows = p.expand(8, -1)
+    drafter_logits = dists["smollm2-135m-rows"][0]
+    method = slrs.StringLevelRejectionSampling(
+        Pairing(ttable, dtable, len(p), drafter_logits.shape[-1], None, []))
+    drafter = ContextFreeDrafter([params.probs(row) for row in drafter_logits], (1, 2, 3))
+    rows = target_logits.expand(16, -1)
     rng = FastRNG(99)
-    samples = []
+    samples, multi = [], 0
     for _ in range(TRIALS):
-        d = [rng.sample(q)]
-        candidates = method._munch(d)
-        out, _ = method._walk(d, [q], candidates, rows[: len(candidates) + 1], rng)
-        samples.append(out[0])
+        state = step_state(params, rng, target_ids)
+        proposal = method.propose(state, drafter, 3, 0)
+        multi += len(proposal.drafts) > 1
+        n, token = method.verify(state, proposal, rows[: len(proposal.candidates) + 1])
+        samples.append(proposal.candidates[0] if n else token)
+    assert multi > TRIALS // 2
     assert chi_square_pvalue(samples, p, TRIALS) > LEVEL
 
 
