@@ -47,20 +47,20 @@ def test_cancel_answer_becomes_the_finish_reason(make_decoder):
     assert stream.output.finish_reason == "timeout" and len(stream.output.token_ids) < 50
 
 
-def _disconnect_and_time(base: str, scheduler, body: dict, stream: bool) -> float:
-    """Send ``body``, hang up while its generation runs; seconds from the hang-up until the
-    scheduler is idle (watched in-process: HTTP polls would add their own latency)."""
+def _disconnect_and_time(base: str, scheduler, body: dict, stream: bool, after: float) -> float:
+    """Send ``body``, hang up ``after`` s into its generation; seconds from the hang-up until
+    the scheduler is idle (watched in-process: HTTP polls would add their own latency)."""
     with httpx.Client(timeout=30) as http:
         if stream:
             with http.stream("POST", base + CHAT, json=body) as r:
                 assert r.status_code == 200
                 lines = r.iter_lines()  # kept: a dropped line iterator closes the connection
                 next(lines)  # the role chunk: the generation has started
-                time.sleep(0.3)
+                time.sleep(after - 0.1)
                 assert scheduler.active == 1
         else:
             try:
-                r = http.post(base + CHAT, json=body, timeout=0.8)
+                r = http.post(base + CHAT, json=body, timeout=after)
                 raise AssertionError(f"the generation should still be running: {r.text[:300]}")
             except httpx.ReadTimeout:
                 pass
@@ -77,7 +77,8 @@ def test_disconnect_during_prefill_frees_the_worker(make_decoder, serve):
     prompt = long_prompt(dec, 3500)  # 3.5 s of prefill or more, read in chunks
     for stream in (False, True):
         body = chat_body(prompt, max_tokens=4, stream=stream)
-        assert _disconnect_and_time(base, serve.apps[-1].state.scheduler, body, stream) < FREE_WITHIN
+        scheduler = serve.apps[-1].state.scheduler
+        assert _disconnect_and_time(base, scheduler, body, stream, after=0.8) < FREE_WITHIN
         assert 0 < sum(map(len, dec.sessions[-1].fed)) < 3000  # left while reading the prompt
 
 
@@ -87,7 +88,8 @@ def test_disconnect_during_steps_that_show_no_text_frees_the_worker(make_decoder
     base = serve([dec])
     for stream in (True, False):
         body = chat_body("hello", max_tokens=2000, stream=stream)  # 100 s of silent steps
-        assert _disconnect_and_time(base, serve.apps[-1].state.scheduler, body, stream) < FREE_WITHIN
+        scheduler = serve.apps[-1].state.scheduler
+        assert _disconnect_and_time(base, scheduler, body, stream, after=2.0) < FREE_WITHIN
         assert 2 < dec.sessions[-1].calls < 200  # it was decoding, and stopped long before the end
     # the server is still right afterwards (this session always answers the special token)
     r = httpx.post(base + CHAT, json={**chat_body("hi"), "max_tokens": 3}, timeout=30)
