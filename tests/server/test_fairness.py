@@ -11,13 +11,13 @@ import pytest
 
 from anydraft.server.app import client_of
 from anydraft.server.scheduler import fair_share
-from tests.server.conftest import chat_body, health, wait_for
+from tests.server.conftest import chat_body, wait_for
 
 CHAT = "/v1/chat/completions"
-BODY = chat_body("hello", max_tokens=3)  # about 1.2 s each at 0.3 s per target call
+BODY = chat_body("hello", max_tokens=3)  # 4 target calls: 2.4 s or more at 0.6 s a call
 
 
-def _fill_then_try(base: str, first: httpx.Client, second: httpx.Client,
+def _fill_then_try(base: str, scheduler, first: httpx.Client, second: httpx.Client,
                    first_headers: dict, second_headers: dict, posing_headers: dict):
     """``first`` takes the worker and its whole share of the queue (1 of 2 slots); then a third
     request of its own (posing as someone else) and one of ``second``'s."""
@@ -26,9 +26,9 @@ def _fill_then_try(base: str, first: httpx.Client, second: httpx.Client,
 
     with ThreadPoolExecutor(4) as pool:
         running = pool.submit(post, first, first_headers)
-        wait_for(lambda: health(base)["active"] == 1, what="the first request to run")
+        wait_for(lambda: scheduler.active == 1, what="the first request to run")
         queued = pool.submit(post, first, first_headers)
-        wait_for(lambda: health(base)["waiting"] == 1, what="the second request to queue")
+        wait_for(lambda: scheduler.waiting == 1, what="the second request to queue")
         refused = post(first, posing_headers)
         other = pool.submit(post, second, second_headers)
         results = [running.result(), queued.result(), other.result()]
@@ -36,11 +36,12 @@ def _fill_then_try(base: str, first: httpx.Client, second: httpx.Client,
 
 
 def test_one_client_cannot_fill_the_queue_nor_pose_as_another(make_decoder, serve):
-    base = serve([make_decoder(per_call=0.3)], max_queue=2)  # a share of 1 per client
+    base = serve([make_decoder(per_call=0.6)], max_queue=2)  # a share of 1 per client
     a = httpx.Client(timeout=60)
     b = httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     with a, b:
-        refused, results = _fill_then_try(base, a, b, {}, {}, {"X-Forwarded-For": "203.0.113.7"})
+        refused, results = _fill_then_try(base, serve.apps[-1].state.scheduler, a, b, {}, {},
+                                          {"X-Forwarded-For": "203.0.113.7"})
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "client_queue_full"
     assert int(refused.headers["retry-after"]) >= 1
@@ -48,11 +49,11 @@ def test_one_client_cannot_fill_the_queue_nor_pose_as_another(make_decoder, serv
 
 
 def test_trusted_proxy_forwards_client_addresses(make_decoder, serve):
-    base = serve([make_decoder(per_call=0.3)], max_queue=2,
+    base = serve([make_decoder(per_call=0.6)], max_queue=2,
                  trusted_proxies=(ipaddress.ip_network("127.0.0.0/8"),))
     a, b = {"X-Forwarded-For": "203.0.113.1"}, {"X-Forwarded-For": "203.0.113.2"}
     with httpx.Client(timeout=60) as one, httpx.Client(timeout=60) as two:
-        refused, results = _fill_then_try(base, one, two, a, b, a)
+        refused, results = _fill_then_try(base, serve.apps[-1].state.scheduler, one, two, a, b, a)
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "client_queue_full"
     assert [r.status_code for r in results] == [200, 200, 200]
 
