@@ -33,27 +33,32 @@ def available(dtype: torch.dtype, device: str = "cpu") -> bool:
 
 
 class PackedLinear(torch.nn.Module):
-    """``nn.Linear``'s forward on oneDNN, its weight reordered once. ``weight`` stays the dense
-    tensor when it is shared (tied embeddings) or read elsewhere (the output layer's width)."""
+    """``nn.Linear``'s forward on oneDNN, its weight reordered once. ``weight`` is a shape
+    only (on the meta device): what reads it (the output layer's width) needs no numbers."""
 
-    def __init__(self, linear: torch.nn.Linear, keep_dense: bool):
+    def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         weight = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-        self.weight = linear.weight if keep_dense else None
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.weight = torch.empty(weight.shape, dtype=weight.dtype, device="meta")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def pack(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` (in place) by a `PackedLinear`; return it."""
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    """Replace every ``nn.Linear`` of ``model`` (in place) by a `PackedLinear`; return it.
+
+    The other weights (embeddings, norms) are copied out of the loaded file's memory map, so
+    that the map, which would otherwise keep every original weight's pages, is released:
+    the packed model takes about the memory of the model it replaces."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:
-                packed = PackedLinear(child, keep_dense=child is output)
-                setattr(module, name, packed)
+                setattr(module, name, PackedLinear(child))
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone()
     return model
