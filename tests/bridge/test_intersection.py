@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from anydraft.bridge import intersect, token_table
 
@@ -78,3 +79,20 @@ def test_synthetic_pair(synthetic_tables):
     assert int(inter.drafter_to_target[a[0]]) == bpe.encode("T")[0]
     fb = sp.fallback_ids & {i for i, b in enumerate(sp.token_bytes) if b == b"T"}
     assert fb and all(int(inter.drafter_to_target[i]) == -1 for i in fb)
+
+
+def test_logits_narrower_than_the_tokenizers_leave_the_ids_past_them_unmapped(synthetic_tables):
+    """A tokenizer longer than its model's logits: ids past the logits can be neither drafted
+    nor scored, so they take no part (tli masks the logits with the first `width` entries)."""
+    bpe, sp = synthetic_tables["byte-bpe"], synthetic_tables["sentencepiece"]
+    full = intersect(bpe, sp)
+    t_width, d_width = len(bpe) - 50, len(sp) - 300
+    inter = intersect(bpe, sp, target_vocab_size=t_width, drafter_vocab_size=d_width)
+    assert inter.drafter_to_target.shape == (len(sp),) and inter.target_to_drafter.shape == (len(bpe),)
+    d2t = inter.drafter_to_target
+    assert not bool(inter.drafter_mask[d_width:].any()) and int(d2t.max()) < t_width
+    kept = (full.drafter_to_target >= 0) & (full.drafter_to_target < t_width)
+    kept[d_width:] = False
+    assert torch.equal(inter.drafter_mask, kept) and 0 < inter.size < full.size
+    same = intersect(bpe, bpe, target_vocab_size=t_width, drafter_vocab_size=t_width + 9)
+    assert same.identity and same.size == t_width
