@@ -168,7 +168,7 @@ def assert_exact(toys, method, settings, max_new_tokens=MAX_NEW):
 
 
 @pytest.mark.parametrize("settings", EDGE_SETTINGS, ids=str)
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", ["slem", "slrs"])  # tli never proposes either
 def test_a_drafted_byte_the_target_cannot_spell_ends_the_draft(method, settings):
     """The drafter has "d", which no target token spells (as Gemma-3's <0x04> for SmolLM2):
     slem (greedy slrs too) re-encoded it and crashed; now the draft is cut before it."""
@@ -180,7 +180,7 @@ def test_a_drafted_byte_the_target_cannot_spell_ends_the_draft(method, settings)
 
 
 @pytest.mark.parametrize("settings", EDGE_SETTINGS, ids=str)
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", ["slem", "slrs"])  # tli never proposes either
 def test_a_target_without_eos_and_a_drafter_that_drafts_its_own(method, settings):
     """The target's tokenizer has no EOS id: a drafted EOS was translated to None."""
     from tests.methods.toys import Toys
