@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import AnydraftError
 from . import llamacpp
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve
-from .session import HFSession, Session, context_window
+from .session import HFSession, Session, check_rollback, context_window
 
 BACKENDS = ("torch", "llamacpp")
 # "auto": llama.cpp or torch, whichever runs the model faster here, measured (hardware/profile.py)
@@ -100,6 +100,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
         if isinstance(spec, llamacpp.LlamaCppModel):
             return LoadedModel(spec.name, spec, tokenizer)
+        check_rollback(spec)
         name = getattr(getattr(spec, "config", None), "_name_or_path", None) or type(spec).__name__
         return LoadedModel(name, spec.eval(), tokenizer)
     if backend == "llamacpp":
@@ -118,4 +119,5 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             dtype, model = choose_dtype(spec, device, progress)[:2]
         if model is None:
             model = load_model(spec, dtype=dtype, device=device, progress=progress)
+        check_rollback(model)  # at load, not at the first request
     return LoadedModel(spec, model, tokenizer or load_tokenizer(spec), "" if backend == "llamacpp" else dtype)

@@ -54,3 +54,16 @@ def test_a_rollback_the_cache_did_not_do_raises(monkeypatch):
     monkeypatch.undo()
     session.rollback(2)
     assert len(session) == 2 and session.feed([3], rows=1).shape == torch.Size([1, 64])
+
+
+def test_a_recurrent_model_is_refused_at_load_not_at_the_first_request():
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from anydraft.models.backends import load
+    from tests.helpers import byte_tokenizer
+
+    model = SimpleNamespace(config=AutoConfig.for_model("mamba"), eval=lambda: model)
+    with pytest.raises(AnydraftError, match="recurrent and hybrid models"):
+        load(model, tokenizer=byte_tokenizer())
