@@ -158,7 +158,7 @@ def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu",
         found.update(_measure_and_save(spec, backend, device, {path: model}, progress))
         if fastest(found) == path:
             keep = model
-        del model
+        del model  # a slower model goes before the next one loads
     best = fastest(found)
     return {p: found[p] for p in paths}, (keep if keep is not None and keep.dtype == best else None)
 
@@ -228,8 +228,7 @@ def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", prog
     llama = prefer_llamacpp(role, llama_curve, torch_curve)
     if progress:
         progress(f"backend auto: {spec} as {role} on {'llama.cpp' if llama else 'torch ' + dtype} "
-                 f"(llama.cpp: 1 token {llama_curve[1] * 1e3:.0f} ms, 9 tokens {llama_curve[9] / llama_curve[1]:.2f}x that; "
-                 f"torch {dtype}: 1 token {torch_curve[1] * 1e3:.0f} ms, 9 tokens {torch_curve[9] / torch_curve[1]:.2f}x)")
+                 f"({explain({'llama.cpp': llama_curve, f'torch {dtype}': torch_curve})})")
     return ("llamacpp", "", None) if llama else ("torch", dtype, model)
 
 

@@ -19,10 +19,9 @@ BACKENDS = ("torch", "llamacpp")
 # "auto": llama.cpp or torch, whichever runs the model faster here, measured (hardware/profile.py)
 
 
-def check_backend(name: str, allow_auto: bool = True) -> str:
-    if name not in BACKENDS + ((AUTO,) if allow_auto else ()):
-        choices = ", ".join(((AUTO,) if allow_auto else ()) + BACKENDS)
-        raise AnydraftError(f"unknown backend {name!r}: choose one of {choices}")
+def check_backend(name: str) -> str:
+    if name != AUTO and name not in BACKENDS:
+        raise AnydraftError(f"unknown backend {name!r}: choose one of {', '.join((AUTO, *BACKENDS))}")
     return name
 
 
@@ -93,8 +92,6 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         from ..hardware.profile import choose_backend
 
         backend, dtype, model = choose_backend(spec, role, dtype, device, progress)
-    elif backend == AUTO:
-        backend = "llamacpp" if isinstance(spec, llamacpp.LlamaCppModel) else "torch"
     if not isinstance(spec, str):
         if tokenizer is None:
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
@@ -112,8 +109,8 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         if str(device) != "cpu":
             raise AnydraftError("the llamacpp backend runs on the CPU here: use device='cpu'")
         model = llamacpp.LlamaCppModel.load(source, progress=progress)
-    elif model is None:
-        if parse_dtype(dtype, allow_auto=True) == AUTO:
+    else:
+        if model is None and parse_dtype(dtype, allow_auto=True) == AUTO:
             from ..hardware.profile import choose_dtype
 
             dtype, model = choose_dtype(spec, device, progress)[:2]
