@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import AnydraftError
 from . import llamacpp
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve
-from .session import HFSession, Session, check_rollback, context_window
+from .session import HFSession, Session, check_rollback, context_window, model_name
 
 BACKENDS = ("torch", "llamacpp")
 # "auto": llama.cpp or torch, whichever runs the model faster here, measured (hardware/profile.py)
@@ -98,8 +98,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         if isinstance(spec, llamacpp.LlamaCppModel):
             return LoadedModel(spec.name, spec, tokenizer)
         check_rollback(spec)
-        name = getattr(getattr(spec, "config", None), "_name_or_path", None) or type(spec).__name__
-        return LoadedModel(name, spec.eval(), tokenizer)
+        return LoadedModel(model_name(spec), spec.eval(), tokenizer)
     if backend == "llamacpp":
         source = resolve(spec)
         if source.gguf_file is None:

@@ -68,7 +68,7 @@ class HFSession:
             self.cache.crop(-(self._length - n))
             if self.cache.get_seq_length() != n:  # a layer kept state it could not cut
                 raise AnydraftError(
-                    f"the cache of {_name(self.model)} could not be rolled back to {n} tokens "
+                    f"the cache of {model_name(self.model)} could not be rolled back to {n} tokens "
                     f"(it holds {self.cache.get_seq_length()}): {ROLLBACK_HELP}")
             self._length = n
 
@@ -84,7 +84,8 @@ ROLLBACK_HELP = ("speculative decoding takes rejected draft tokens back out of t
                  "do: use a transformer (attention-only) model as target and drafter")
 
 
-def _name(model) -> str:
+def model_name(model) -> str:
+    """A transformers model's name: where it was loaded from, else its class."""
     return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
 
 
@@ -101,7 +102,7 @@ def check_rollback(model) -> None:
         except (AttributeError, KeyError, TypeError, ValueError):
             kinds = set()  # a config transformers cannot read layer types from: `rollback` checks
     if kinds:
-        raise AnydraftError(f"{_name(model)} has {', '.join(sorted(kinds))} layers: {ROLLBACK_HELP}")
+        raise AnydraftError(f"{model_name(model)} has {', '.join(sorted(kinds))} layers: {ROLLBACK_HELP}")
 
 
 def rows_to_return(session, ids: Sequence[int], rows: int | None) -> int:
