@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import require_llamacpp, require_model
-from tests.server.conftest import MODEL_ID, Server
+from tests.server_process import MODEL_ID, Server
 
 REQUESTS = 200
 
