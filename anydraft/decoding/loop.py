@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.session import Session
+from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
 from ..sampling import SamplingParams
 from .stats import Stats
 from .step import step
@@ -33,6 +33,8 @@ class DecodeState:
     generator: torch.Generator
     stats: Stats = field(default_factory=Stats)
     budget: int = 1  # new tokens still wanted (set by the loop before each step)
+    # asked between prompt chunks, the drafter's too (set by the loop; None: nothing cancels)
+    cancel: Callable[[], str | None] | None = None
 
     @property
     def pending(self) -> list[int]:
@@ -60,27 +62,16 @@ class Finish:
     reason: str = "length"  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
 
 
-# prompt tokens read per target call when the caller can cancel: small enough that a long
-# prompt on a CPU is abandoned within a fraction of a second, large enough to cost no speed
-PREFILL_CHUNK = 256
-
-
 def prefill(state: DecodeState, cancel: Callable[[], str | None], chunk: int = PREFILL_CHUNK) -> str | None:
     """Read the prompt into the target ``chunk`` tokens at a time, asking ``cancel`` between
     chunks; its answer (None: go on). The last prompt token stays pending, so the first step
     still scores it with the step's candidates: the same tokens reach the target in the same
     order, only split over more calls."""
-    stats = state.stats
-    while len(state.pending) > 1:
-        reason = cancel()
-        if reason:
-            return reason
-        ids = state.pending[: min(chunk, len(state.pending) - 1)]
-        start = time.perf_counter()
-        with stats.timed("target"):
-            state.target.feed(ids, rows=1)
-        stats.prefill_seconds += time.perf_counter() - start
-    return None
+    start = time.perf_counter()
+    with state.stats.timed("target"):
+        reason = read_in_chunks(state.target, state.pending[:-1], cancel, chunk)
+    state.stats.prefill_seconds += time.perf_counter() - start
+    return reason
 
 
 def decode(
@@ -103,6 +94,7 @@ def decode(
     stats.method = method.name
     stats.prompt_tokens = len(state.committed)
     start = time.perf_counter()
+    state.cancel = cancel
     if cancel is not None and (reason := prefill(state, cancel)):
         finish.reason = reason
         stats.seconds = time.perf_counter() - start

@@ -15,19 +15,20 @@ import torch
 
 from ..bridge import UnspellableBytes
 from ..bridge.translate import resync
-from ..models.session import Session
+from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
 from ..sampling import sample
 
 
 class Drafter:
     def __init__(self, session: Session, table, ids: list[int], stats, target_table=None,
-                 head: int = 0, context: int = 0):
+                 head: int = 0, context: int = 0, cancel: Callable[[], str | None] | None = None):
         self.session = session
         self.table = table  # drafter TokenTable
         self.target_table = target_table  # None: the drafter reads the target's own ids
         self.ids = ids  # committed text in drafter tokens
         self.stats = stats
         self.head, self.context = head, context  # context 0: read every backlog whole
+        self.cancel = cancel  # asked between the chunks of a long backlog (None: read it at once)
         self.drafts: list[int] = []  # drafted after `ids` at the last step
         self.caught_up = 0  # tokens of the committed text the last `propose` had to feed first
 
@@ -38,7 +39,9 @@ class Drafter:
         """Draft up to ``k`` tokens; return them and the distribution each was drawn from.
 
         Before drafting, a backlog longer than ``read`` tokens (0: the drafter's context) is
-        cut to its last ``read`` (`trim`).
+        cut to its last ``read`` (`trim`). With ``cancel``, a backlog longer than a chunk (the
+        prompt) is read in chunks as the target's prompt is (`read_in_chunks`); a cancel while
+        reading drafts nothing, and the loop ends before the next step.
 
         ``to_probs`` turns drafter logits into the proposal distribution (``None``: nothing
         can be proposed here). Greedy drafting takes the argmax of that distribution.
@@ -55,6 +58,10 @@ class Drafter:
             k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
             feed = self.ids[len(self.session):]
             self.caught_up = len(feed) if k else 0
+            if k and self.cancel is not None and len(feed) > PREFILL_CHUNK:
+                if read_in_chunks(self.session, feed[:-1], self.cancel):
+                    k = self.caught_up = 0
+                feed = feed[-1:]
             for _ in range(k):
                 logits = self.session.feed(feed, rows=1)[-1]
                 self.stats.drafter_calls += 1

@@ -84,7 +84,8 @@ class Pairing:
             text = self.target_table.decode_bytes(body).decode("utf-8", errors="replace")
             head, body = list(self.drafter_bos), self.drafter_table.encode(text)
         return Drafter(self.new_drafter_session(), self.drafter_table, head + body, state.stats,
-                       None if same_ids else self.target_table, len(head), self.drafter_context)
+                       None if same_ids else self.target_table, len(head), self.drafter_context,
+                       state.cancel)
 
     def start(self, state, proposer) -> Row:
         """One generation of a drafter method: its drafter, reading the prompt, and its policy

@@ -12,7 +12,7 @@ cache) fits without touching the layers above:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -29,6 +29,23 @@ class Session(Protocol):
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor: ...
 
     def rollback(self, n: int) -> None: ...
+
+
+# tokens read per call when the caller can cancel a long read (a prompt): small enough that a
+# long prompt on a CPU is abandoned within a fraction of a second, large enough to cost no speed
+PREFILL_CHUNK = 256
+
+
+def read_in_chunks(session: Session, ids: Sequence[int], cancel: Callable[[], str | None],
+                   chunk: int = PREFILL_CHUNK) -> str | None:
+    """Feed ``ids`` (their logits unused) ``chunk`` tokens at a time, asking ``cancel`` before
+    each chunk: its first answer that is not None, the rest left unread; None once all are read.
+    The session then holds the same positions as after one call: only the number of calls differs."""
+    for start in range(0, len(ids), chunk):
+        if reason := cancel():
+            return reason
+        session.feed(ids[start:start + chunk], rows=1)
+    return None
 
 
 class HFSession:

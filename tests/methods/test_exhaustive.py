@@ -79,7 +79,7 @@ def test_a_drafter_reading_only_the_prompts_end_is_exact(toys, method, settings)
         pairing = dataclasses.replace(
             pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
             new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
-    state = types.SimpleNamespace(committed=prompt, stats=None)
+    state = types.SimpleNamespace(committed=prompt, stats=None, cancel=None)
     assert pairing.new_drafter(state, same_ids=method == "sd").behind == 1  # "c" in both vocabularies
     make = {"slem": StringLevelExactMatch, "tli": TokenLevelIntersection,
             "slrs": StringLevelRejectionSampling, "sd": SpeculativeSampling}[method]

@@ -114,3 +114,43 @@ def test_chunked_prefill_keeps_speculative_output(decoder):
     assert stream.prompt_tokens > 2 * PREFILL_CHUNK
     assert stream.output.token_ids == ref.token_ids and text == ref.text
     assert stream.output.stats["drafted"] > 0 and stream.output.stats["drafts"] > 0
+
+
+def test_drafter_reads_a_long_prompt_in_chunks_and_stops_on_cancel(decoder, monkeypatch):
+    """The drafter's first read of the prompt (all of it: drafter_context 0) is chunked and
+    cancellable like the target's: a cancel while it reads stops it within one chunk."""
+    import copy
+
+    from anydraft import Decoder
+    from anydraft.models.session import HFSession
+
+    model, tok = decoder.target.model, decoder.target.tokenizer
+    dec = Decoder(target=model, tokenizer=copy.deepcopy(tok), drafter=model,
+                  drafter_tokenizer=copy.deepcopy(tok), method="sd", adaptive=False,
+                  drafter_context=0)
+    fed = []  # (session, tokens) per feed call; the first session fed is the target's
+    feed = HFSession.feed
+
+    def spy(self, ids, rows=None):
+        fed.append((self, len(ids)))
+        return feed(self, ids, rows)
+
+    monkeypatch.setattr(HFSession, "feed", spy)
+
+    def drafter_feeds() -> list[int]:
+        return [n for session, n in fed if session is not fed[0][0]]
+
+    prompt = long_prompt(dec, 900)
+    ref = dec.generate(prompt, max_new_tokens=8, chat=False)  # not cancellable: one read
+    assert max(drafter_feeds()) > PREFILL_CHUNK
+    fed.clear()
+    stream = dec.stream(prompt, max_new_tokens=8, chat=False, cancel=lambda: None)
+    assert "".join(stream) == ref.text and stream.output.token_ids == ref.token_ids
+    assert max(drafter_feeds()) <= PREFILL_CHUNK < stream.prompt_tokens
+    assert stream.output.stats["drafted"] > 0
+    fed.clear()
+    stream = dec.stream(prompt, max_new_tokens=8, chat=False,
+                        cancel=lambda: "cancelled" if drafter_feeds() else None)
+    list(stream)
+    assert stream.output.finish_reason == "cancelled"
+    assert drafter_feeds() == [PREFILL_CHUNK]  # one chunk read, then it stopped
