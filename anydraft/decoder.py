@@ -110,6 +110,17 @@ class Decoder:
                 f"prompt has {len(ids)} tokens but {self.target.name}'s context window is "
                 f"{limit}: shorten the prompt"
             )
+        # a tokenizer longer than the model's vocabulary (tokens added, embeddings not resized)
+        # spells ids the model has no embedding for
+        width = self.target.logits_width
+        if ids and max(ids) >= width:
+            bad = max(ids)
+            raise AnydraftError(
+                f"the prompt has token {tok.convert_ids_to_tokens(bad)!r} (id {bad}), but "
+                f"{self.target.name} has only {width} token embeddings: its tokenizer "
+                f"({len(tok)} tokens) is longer than the model's vocabulary; use the tokenizer "
+                "the model was trained with, or leave that token out of the prompt"
+            )
         return ids
 
     # -- generation ------------------------------------------------------------------------

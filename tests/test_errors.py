@@ -24,6 +24,20 @@ def test_prompt_longer_than_context(dec):
         dec.generate("word " * 200, chat=False)
 
 
+def test_prompt_ids_beyond_the_models_vocabulary():
+    """A tokenizer longer than the model's logits (tokens added, embeddings not resized): a
+    prompt that spells such an id fails clearly before generation, not with an IndexError."""
+    tok = byte_tokenizer()
+    width = 300  # the merges past id 300 have no embedding
+    small = Decoder(target=tiny_llama(width), tokenizer=tok, dtype="float32")
+    assert max(small.prompt_ids("%%", chat=False)) < width < len(tok)
+    assert small.generate("%%", max_new_tokens=3, chat=False).token_ids  # in range: fine
+    with pytest.raises(AnydraftError, match=r"\(id 3\d\d\), but .* has only 300 token embeddings"):
+        small.generate("the quick brown fox", chat=False)
+    with pytest.raises(AnydraftError, match="tokenizer .* is longer than the model's vocabulary"):
+        small.stream("the quick brown fox", chat=False)  # before iteration: a server's 400
+
+
 def test_generation_stops_at_context_window(dec):
     out = dec.generate("hello " * 8, max_new_tokens=500, chat=False)
     assert out.finish_reason in ("context", "eos")
