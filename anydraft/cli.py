@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="this machine, each model's measured costs, what auto chooses")
     doc.add_argument("--target", default=None, help="a model to measure (catalog name, hub id, dir, .gguf)")
     doc.add_argument("--drafter", default=None, help="a second model to measure")
-    doc.add_argument("--device", default="cpu")
+    doc.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: where torch "
+                          "models are measured; llama.cpp runs on the CPU")
     doc.add_argument("--remeasure", action="store_true", help="measure again, replacing the cached curves")
     doc.add_argument("--json", action="store_true")
     doc.set_defaults(func=cmd_doctor)
@@ -147,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "once); plain decoding and anydraft use the same")
     d.add_argument("--drafter-backend", default="auto", choices=("auto", "torch", "llamacpp"),
                    help="auto: whichever drafts faster here (measured once)")
+    d.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto: cuda when there is a GPU, else cpu (llama.cpp runs on the CPU)")
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
     d.set_defaults(func=cmd_demo)

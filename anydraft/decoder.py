@@ -21,8 +21,8 @@ from .bridge import token_table
 from .config import DraftConfig, check_method, override
 from .decoding import DecodeState, Finish, Stats, TextAssembler, decode
 from .errors import AnydraftError
-from .models.backends import LoadedModel, check_backend, load
-from .models.loading import parse_dtype
+from .models.backends import LoadedModel, check_backend, check_target_device, load
+from .models.loading import parse_dtype, resolve_device
 from .sampling import SamplingParams
 
 
@@ -50,7 +50,7 @@ class Decoder:
         draft: DraftConfig | None = None,
         dtype="auto",
         drafter_dtype=None,
-        device: str = "cpu",
+        device: str = "auto",
         tokenizer=None,
         drafter_tokenizer=None,
         progress=None,
@@ -64,6 +64,9 @@ class Decoder:
     ):
         parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
+        if isinstance(target, str):  # a model object is used where it already is
+            check_target_device(backend, device)
+        device = resolve_device(device)  # "auto": CUDA when there is a GPU
         drafter_backend = check_backend(drafter_backend or backend)
         self.draft = override(draft or DraftConfig(), method=method,
                               num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,
@@ -74,7 +77,10 @@ class Decoder:
         if drafter is not None:
             self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,
                                 device, progress, role="drafter")
-            if self.drafter.device != self.target.device:
+            # sessions hand out CPU logits, so a model on llama.cpp (the CPU) pairs with a torch
+            # model anywhere; two torch models on different devices are a mistake, though
+            torch_only = "llamacpp" not in (self.target.backend, self.drafter.backend)
+            if torch_only and self.drafter.device != self.target.device:
                 raise AnydraftError(
                     f"drafter is on {self.drafter.device} but the target is on "
                     f"{self.target.device}: put both on the same device"

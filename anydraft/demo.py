@@ -20,7 +20,8 @@ def run_demo(args) -> int:
             catalog.install(name, progress=lambda m: print(m, file=sys.stderr))
     dec = Decoder(target=args.target, drafter=args.drafter, method=args.method, dtype=args.dtype,
                   drafter_dtype=args.drafter_dtype, backend=args.target_backend,
-                  drafter_backend=args.drafter_backend, progress=lambda m: print(m, file=sys.stderr))
+                  drafter_backend=args.drafter_backend, device=args.device,
+                  progress=lambda m: print(m, file=sys.stderr))
     prompts = [p for p in builtin_prompts() if p["category"] == "code"][: max(1, args.n // 2)]
     prompts += [p for p in builtin_prompts() if p["category"] != "code"][: args.n - len(prompts)]
     methods = ["ar"] if dec.drafter is None else ["ar", dec.draft.method]

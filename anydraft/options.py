@@ -66,7 +66,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The target, the drafter, their dtypes and backends (one of each: `anydraft bench` takes
-    lists and has its own)."""
+    lists and has its own), and the device."""
     parser.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
     parser.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
     parser.add_argument("--dtype", default="auto",
@@ -78,6 +78,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                              "llamacpp (the GGUF as it is, quantized)")
     parser.add_argument("--drafter-backend", default=None, choices=("auto", "torch", "llamacpp"),
                         help="default: same as --target-backend")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch "
+                             "models; llama.cpp runs on the CPU")
 
 
 def progress(msg: str) -> None:
@@ -89,4 +92,5 @@ def decoder_options(args: argparse.Namespace) -> dict:
     """`Decoder` keyword arguments from `add_model_options` and `add_draft_options`."""
     return dict(target=args.target, drafter=args.drafter, dtype=args.dtype,
                 drafter_dtype=args.drafter_dtype, backend=args.target_backend,
-                drafter_backend=args.drafter_backend, draft=draft_config(args), progress=progress)
+                drafter_backend=args.drafter_backend, device=args.device, draft=draft_config(args),
+                progress=progress)

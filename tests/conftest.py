@@ -16,18 +16,28 @@ def require_model(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def real_model():
-    """load_model with one instance per (name, dtype) for the whole test session."""
+    """load_model with one instance per (name, dtype, device) for the whole test session."""
     from anydraft.models.loading import load_model
 
     cache = {}
 
-    def get(name: str, dtype: str = "float32"):
+    def get(name: str, dtype: str = "float32", device: str = "cpu"):
         require_model(name)
-        if (name, dtype) not in cache:
-            cache[(name, dtype)] = load_model(name, dtype=dtype)
-        return cache[(name, dtype)]
+        if (name, dtype, device) not in cache:
+            cache[(name, dtype, device)] = load_model(name, dtype=dtype, device=device)
+        return cache[(name, dtype, device)]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def exactness_device() -> str:
+    """Where the real-model greedy exactness tests run their torch models: the environment's
+    ANYDRAFT_TEST_DEVICE (cpu, cuda or auto; default cpu), as scripts/gpu_check.sh sets it.
+    llama.cpp models stay on the CPU."""
+    from anydraft.models.loading import resolve_device
+
+    return resolve_device(os.environ.get("ANYDRAFT_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,9 @@ def register(sub) -> None:
     b.add_argument("--dtype", default="auto",
                    help="auto (the fastest here, measured once) | float32 | bfloat16 | float16 (torch backend)")
     b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
-    b.add_argument("--device", default="cpu")
+    b.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch models; "
+                        "llama.cpp runs on the CPU")
     add_draft_options(b, skip=("method",))  # --methods instead; k is also the bound's
     add_sampling_options(b, SamplingParams(seed=0))  # seeded: a sampling run repeats exactly
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
@@ -58,7 +60,8 @@ def register(sub) -> None:
 
 def settings_from_args(args):
     from ..errors import AnydraftError
-    from ..models.loading import parse_dtype
+    from ..models.backends import check_target_device
+    from ..models.loading import parse_dtype, resolve_device
     from .runner import BenchSettings, parse_backends, parse_methods
 
     if args.n < 1:
@@ -74,9 +77,9 @@ def settings_from_args(args):
     if args.drafter_backend is not None and not args.drafter:
         raise AnydraftError("--drafter-backend needs a drafter: pass --drafter MODEL")
     drafter_backends = parse_backends(args.drafter_backend or "auto", "--drafter-backend")
-    if "llamacpp" in target_backends + drafter_backends and args.device != "cpu":
-        raise AnydraftError(f"the llamacpp backend runs on the CPU here: use --device cpu "
-                            f"(got {args.device}) or only the torch backend")
+    for backend in target_backends:
+        check_target_device(backend, args.device)
+    device = resolve_device(args.device)
     parse_dtype(args.dtype, allow_auto=True)
     if args.drafter_dtype is not None:
         parse_dtype(args.drafter_dtype, allow_auto=True)
@@ -87,7 +90,7 @@ def settings_from_args(args):
         target=args.target, drafters=drafters, methods=methods, target_backends=target_backends,
         drafter_backends=drafter_backends, baseline_hf=args.baseline == "hf",
         max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
-        drafter_dtype=args.drafter_dtype, device=args.device, draft=draft,
+        drafter_dtype=args.drafter_dtype, device=device, draft=draft,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
 
 

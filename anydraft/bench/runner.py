@@ -34,7 +34,7 @@ class BenchSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "auto"
     drafter_dtype: str | None = None
-    device: str = "cpu"
+    device: str = "auto"  # resolved by run_bench: "cpu" or "cuda" in results.json
     draft: DraftConfig = field(default_factory=DraftConfig)  # its method is unused: `methods`
     repeats: int = 1
     warmup: bool = True
@@ -153,8 +153,9 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     from ..decoder import Decoder
     from ..hardware import this_machine
     from ..models.backends import load
-    from ..models.loading import load_tokenizer
+    from ..models.loading import load_tokenizer, resolve_device
 
+    settings.device = resolve_device(settings.device)
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
     for line in this_machine().lines():
         progress_note(line)
@@ -176,7 +177,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         settings.dtype = common["dtype"] = targets["torch"].dtype
     # each target's measured cost of scoring j + 1 tokens, in plain steps: the bound's v_j
     settings.verify_costs = {
-        tb: verify_costs(curve_of(settings.target, t, tb, settings.device, progress_note),
+        tb: verify_costs(curve_of(settings.target, t, tb, progress_note),
                          settings.draft.num_draft_tokens) for tb, t in targets.items()}
     sides = backend_sides(settings.target_backends, settings.drafter_backends if settings.drafters else [])
 

@@ -11,21 +11,25 @@ from .machine import this_machine
 LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path name doctor prints
 
 
-def _llamacpp_curve(spec: str, device: str, remeasure: bool, progress) -> dict[int, float] | None:
+def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | None:
     """The llama.cpp cost curve of a GGUF model (None when llama.cpp cannot run it here)."""
-    if not profile.llamacpp_runs(spec, device):
+    if not profile.llamacpp_runs(spec):
         return None
     return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
 
 
-def report(models: list[str], device: str = "cpu", progress=None, remeasure: bool = False) -> dict:
+def report(models: list[str], device: str = "auto", progress=None, remeasure: bool = False) -> dict:
+    from ..models.loading import resolve_device
+
+    device = resolve_device(device)  # curves are keyed by "cpu" or "cuda", never "auto"
     machine = this_machine()
-    out = {"machine": machine.lines(), "native_bf16": machine.native_bf16, "models": {}}
+    out = {"machine": machine.lines(), "native_bf16": machine.native_bf16, "device": device,
+           "models": {}}
     for spec in models:
         curves = profile.curves(spec, "torch", profile.candidates(device), device, progress, remeasure)[0]
         best = profile.fastest(curves)
         paths = {f"torch {d}": c for d, c in curves.items()}
-        llama = _llamacpp_curve(spec, device, remeasure, progress)
+        llama = _llamacpp_curve(spec, remeasure, progress)
         if llama is not None:
             paths[LLAMACPP] = llama
         as_target, as_drafter = (
@@ -42,6 +46,7 @@ def report(models: list[str], device: str = "cpu", progress=None, remeasure: boo
 
 def print_report(data: dict) -> None:
     print("\n".join(data["machine"]))
+    print(f"device: {data['device']} (torch models; llama.cpp runs on the CPU)")
     for spec, m in data["models"].items():
         sizes = next(iter(m["curves_ms"].values())).keys()
         print(f"\n{spec}: ms to score M tokens in one call after {profile.CONTEXT} tokens")

@@ -100,6 +100,7 @@ def save(model_key: str, curve: dict[int, float], machine: Machine | None = None
 def model_key(spec: str, backend: str, dtype: str, device: str) -> str:
     from ..models.loading import resolve
 
+    assert device in ("cpu", "cuda"), f"device {device!r} not resolved (resolve_device)"
     source = resolve(spec)
     return f"{source.cache_key or source.path}|{backend}|{dtype}|{device}"
 
@@ -163,9 +164,10 @@ def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu",
     return {p: found[p] for p in paths}, (keep if keep is not None and keep.dtype == best else None)
 
 
-def curve_of(spec: str, loaded, backend: str, device: str = "cpu", progress=None) -> dict[int, float]:
-    """The cost curve of a model already loaded from ``spec`` (cached, or measured now)."""
-    dtype = loaded.dtype or "gguf"
+def curve_of(spec: str, loaded, backend: str, progress=None) -> dict[int, float]:
+    """The cost curve of a model already loaded from ``spec`` (cached, or measured now), on
+    the device it is on (llama.cpp: the CPU)."""
+    dtype, device = loaded.dtype or "gguf", loaded.device.type
     curve = cached(model_key(spec, backend, dtype, device))
     return curve or _measure_and_save(spec, backend, device, {dtype: loaded}, progress)[dtype]
 
@@ -193,14 +195,15 @@ def choose_dtype(spec: str, device: str = "cpu", progress=None):
     return best, (model.model if model is not None else None), found
 
 
-def llamacpp_runs(spec: str, device: str = "cpu") -> bool:
-    """Whether llama.cpp can run ``spec`` here: a GGUF model, llama-cpp-python installed, a CPU."""
+def llamacpp_runs(spec: str) -> bool:
+    """Whether llama.cpp can run ``spec`` here: a GGUF model and llama-cpp-python installed. It
+    runs on the CPU, also beside torch models on CUDA: measured, it may still be the faster
+    drafter there."""
     import importlib.util
 
     from ..models.loading import resolve
 
-    return (str(device).startswith("cpu") and importlib.util.find_spec("llama_cpp") is not None
-            and resolve(spec).gguf_file is not None)
+    return importlib.util.find_spec("llama_cpp") is not None and resolve(spec).gguf_file is not None
 
 
 def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float]) -> bool:
@@ -216,7 +219,7 @@ def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", prog
     is, quantized) or PyTorch in ``dtype`` (``"auto"``: its fastest path), whichever the
     measured curves favour (`prefer_llamacpp`). The torch model is returned when the choice
     loaded it."""
-    if not llamacpp_runs(spec, device):
+    if not llamacpp_runs(spec):
         return "torch", dtype, None
     if dtype == "auto":
         dtype, model, torch_curves = choose_dtype(spec, device, progress)

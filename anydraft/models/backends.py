@@ -12,11 +12,20 @@ from dataclasses import dataclass
 
 from ..errors import AnydraftError
 from . import llamacpp
-from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve
+from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve, resolve_device
 from .session import HFSession, Session, check_rollback, context_window, model_name
 
 BACKENDS = ("torch", "llamacpp")
 # "auto": llama.cpp or torch, whichever runs the model faster here, measured (hardware/profile.py)
+
+
+def check_target_device(backend: str, device) -> None:
+    """Refuse a target asked for on llama.cpp and on CUDA alike: llama.cpp runs on the CPU here,
+    so one of the two requests could not be honoured. (A llama.cpp drafter, or a llama.cpp
+    target that ``auto`` chose, simply runs on the CPU beside a torch model on the GPU.)"""
+    if backend == "llamacpp" and str(device) == "cuda":
+        raise AnydraftError("the llamacpp backend runs on the CPU here: for a target on CUDA use "
+                            "the torch backend, or keep llama.cpp with device 'auto' or 'cpu'")
 
 
 def check_backend(name: str) -> str:
@@ -77,16 +86,18 @@ class LoadedModel:
         return set(eos if isinstance(eos, list) else [eos])
 
 
-def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str = "cpu",
+def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str = "auto",
          progress=None, role: str = "target") -> LoadedModel:
     """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
 
-    ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion); ``dtype``
-    applies to the torch backend only: ``"auto"`` measures the candidates on this machine
-    (once, cached) and keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise
-    measures llama.cpp against torch for the ``role`` ("target" or "drafter") the model plays.
+    ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion) and runs it on
+    the CPU whatever ``device`` says; ``dtype`` and ``device`` (`resolve_device`) apply to the
+    torch backend: ``dtype="auto"`` measures the candidates on this machine (once, cached) and
+    keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise measures llama.cpp
+    against torch for the ``role`` ("target" or "drafter") the model plays.
     """
     check_backend(backend)
+    device = resolve_device(device)
     model = None
     if backend == AUTO and isinstance(spec, str):
         from ..hardware.profile import choose_backend
@@ -105,8 +116,8 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             raise AnydraftError(
                 f"the llamacpp backend reads GGUF files, and {spec!r} is not one: pass a catalog "
                 "name or a .gguf file, or use the torch backend for this model")
-        if str(device) != "cpu":
-            raise AnydraftError("the llamacpp backend runs on the CPU here: use device='cpu'")
+        if device != "cpu" and progress:
+            progress(f"{spec} runs on the CPU (llama.cpp), beside {device} for torch models")
         model = llamacpp.LlamaCppModel.load(source, progress=progress)
     else:
         if model is None and parse_dtype(dtype, allow_auto=True) == AUTO:

@@ -147,14 +147,36 @@ def parse_dtype(dtype, allow_auto: bool = False, device: str = "cpu"):
     return torch_dtype
 
 
+DEVICES = (AUTO, "cpu", "cuda")
+
+
+def resolve_device(device) -> str:
+    """``"cpu"`` or ``"cuda"`` for a device name; ``"auto"`` is CUDA when torch sees a GPU, else
+    the CPU. Resolved before anything is loaded or keyed by it (the cost curves of
+    hardware/profile.py); clear error for a name it does not know or a GPU that is not there."""
+    import torch
+
+    name = str(device)
+    if name not in DEVICES:
+        raise AnydraftError(f"unknown device {device!r}: use auto, cpu or cuda "
+                            "(CUDA_VISIBLE_DEVICES picks the GPU)")
+    if name == AUTO:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise AnydraftError("CUDA is not available on this machine: use device='cpu' or 'auto'")
+    return name
+
+
 def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
-    """Load ``spec`` as an eval-mode ``AutoModelForCausalLM`` in ``dtype`` on ``device``.
+    """Load ``spec`` as an eval-mode ``AutoModelForCausalLM`` in ``dtype`` on ``device``
+    (`resolve_device`).
 
     A GGUF file is converted once (dequantized to float32 safetensors in the cache); later
     loads read the cache and cast to ``dtype``.
     """
     from transformers import AutoModelForCausalLM
 
+    device = resolve_device(device)
     torch_dtype = parse_dtype(dtype, device=device)
     onednn = split_kernels(dtype)[1]
     source = resolve(spec)

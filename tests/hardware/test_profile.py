@@ -117,7 +117,7 @@ def test_llamacpp_wins_a_target_by_rate_and_a_drafter_by_its_one_token_step():
 @pytest.mark.parametrize("llama, want", [(LLAMA, "llamacpp"), ({1: 0.9, 5: 4.0, 9: 8.0}, "torch")])
 def test_auto_backend_follows_the_measured_curves(llama, want, monkeypatch):
     found = {"float32+onednn": ONEDNN, "gguf": llama}
-    monkeypatch.setattr(profile, "llamacpp_runs", lambda spec, device: True)
+    monkeypatch.setattr(profile, "llamacpp_runs", lambda spec: True)
     monkeypatch.setattr(profile, "candidates", lambda device: ("float32+onednn",))
     monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
     monkeypatch.setattr(profile, "cached", lambda key: found[key])

@@ -5,7 +5,8 @@ step drafts (tests/methods/test_policy.py proves any schedule of draft lengths e
 
 Sized for a 2-core AVX2 CPU (where plain float32 decoding of the 1.5B takes ~0.8 s a token):
 each target reads two or three categories of its own, 32 new tokens each; every method and
-every drafter backend runs at least once."""
+every drafter backend runs at least once. ANYDRAFT_TEST_DEVICE=cuda runs the torch models on
+the GPU (scripts/gpu_check.sh); llama.cpp drafters stay on the CPU."""
 
 import pytest
 
@@ -59,11 +60,11 @@ def plain(dec, target, prompt):
     return PLAIN[target, prompt]
 
 
-def drafter_model(real_model, name, backend):
-    """bfloat16 in PyTorch, or the GGUF as it is in llama.cpp: the drafter's numerics must
-    never change the output."""
+def drafter_model(real_model, name, backend, device):
+    """bfloat16 in PyTorch (on ``device``), or the GGUF as it is in llama.cpp (on the CPU):
+    the drafter's numerics must never change the output."""
     if backend == "torch":
-        return real_model(name, "bfloat16")
+        return real_model(name, "bfloat16", device)
     from anydraft.models.llamacpp import LlamaCppModel
     from anydraft.models.loading import resolve
     from tests.conftest import require_llamacpp
@@ -76,9 +77,10 @@ def drafter_model(real_model, name, backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("target,drafter,backend,methods", PAIRS,
                          ids=[f"{t}<-{d}-{b}" for t, d, b, _ in PAIRS])
-def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, backend, methods):
-    dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
-                  drafter=drafter_model(real_model, drafter, backend),
+def test_greedy_output_identical_to_plain_greedy(real_model, exactness_device, target, drafter,
+                                                 backend, methods):
+    dec = Decoder(target=real_model(target, device=exactness_device), tokenizer=load_tokenizer(target),
+                  drafter=drafter_model(real_model, drafter, backend, exactness_device),
                   drafter_tokenizer=load_tokenizer(drafter), adaptive=False)
     totals = dict.fromkeys(methods, 0)
     for prompt in prompts_of(target):
@@ -98,13 +100,13 @@ def test_greedy_output_identical_to_plain_greedy(real_model, target, drafter, ba
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_auto_with_every_optimisation_on_is_identical_to_plain_greedy(real_model):
+def test_auto_with_every_optimisation_on_is_identical_to_plain_greedy(real_model, exactness_device):
     """`auto` as users run it: adaptive draft lengths, measured choice of method, prompt lookup
     mixed with the drafter, the drafter on llama.cpp reading only the prompt's last 16 tokens.
     Which proposer runs each step depends on timing; the output must not."""
     target = "qwen2.5-coder-0.5b"
-    dec = Decoder(target=real_model(target), tokenizer=load_tokenizer(target),
-                  drafter=drafter_model(real_model, "smollm2-135m", "llamacpp"),
+    dec = Decoder(target=real_model(target, device=exactness_device), tokenizer=load_tokenizer(target),
+                  drafter=drafter_model(real_model, "smollm2-135m", "llamacpp", exactness_device),
                   drafter_tokenizer=load_tokenizer("smollm2-135m"), drafter_context=16)
     drafted = 0
     for prompt in prompts_of(target):
