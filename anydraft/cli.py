@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: where torch "
                           "models are measured; llama.cpp runs on the CPU")
     doc.add_argument("--remeasure", action="store_true", help="measure again, replacing the cached curves")
+    doc.add_argument("--compile", action="store_true",
+                     help="measure each dtype compiled on a static cache too (torch.compile: minutes "
+                          "per model on a CPU); once measured, auto weighs it")
     doc.add_argument("--json", action="store_true")
     doc.set_defaults(func=cmd_doctor)
 

@@ -18,7 +18,8 @@ def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | 
     return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
 
 
-def report(models: list[str], device: str = "auto", progress=None, remeasure: bool = False) -> dict:
+def report(models: list[str], device: str = "auto", progress=None, remeasure: bool = False,
+           compile: bool = False) -> dict:
     from ..models.loading import resolve_device
 
     device = resolve_device(device)  # curves are keyed by "cpu" or "cuda", never "auto"
@@ -26,7 +27,8 @@ def report(models: list[str], device: str = "auto", progress=None, remeasure: bo
     out = {"machine": machine.lines(), "native_bf16": machine.native_bf16, "device": device,
            "models": {}}
     for spec in models:
-        curves = profile.curves(spec, "torch", profile.candidates(device), device, progress, remeasure)[0]
+        paths = profile.torch_paths(spec, device, compile)
+        curves = profile.curves(spec, "torch", paths, device, progress, remeasure)[0]
         best = profile.fastest(curves)
         paths = {f"torch {d}": c for d, c in curves.items()}
         llama = _llamacpp_curve(spec, remeasure, progress)
@@ -65,7 +67,7 @@ def print_report(data: dict) -> None:
 def cmd_doctor(args) -> int:
     models = [m for m in (args.target, args.drafter) if m]
     data = report(models, args.device, None if args.json else (lambda m: print(m, file=sys.stderr)),
-                  args.remeasure)
+                  args.remeasure, args.compile)
     if args.json:
         print(json.dumps(data, indent=1))
     else:

@@ -130,15 +130,31 @@ def candidates(device: str) -> tuple[str, ...]:
     from ..models.kernels import SUFFIX, available
 
     if str(device).startswith("cuda"):
-        return ("bfloat16", "float16", "float32")
-    paths = ["float32"]
-    if available(torch.float32, device):
-        paths.append("float32" + SUFFIX)
-    if this_machine().native_bf16:
-        paths.append("bfloat16")
-        if available(torch.bfloat16, device):
-            paths.append("bfloat16" + SUFFIX)
+        paths = ["bfloat16", "float16", "float32"]
+    else:
+        paths = ["float32"]
+        if available(torch.float32, device):
+            paths.append("float32" + SUFFIX)
+        if this_machine().native_bf16:
+            paths.append("bfloat16")
+            if available(torch.bfloat16, device):
+                paths.append("bfloat16" + SUFFIX)
     return tuple(paths)
+
+
+def torch_paths(spec: str, device: str, compile: bool = False) -> tuple[str, ...]:
+    """The `candidates` ``auto`` weighs for ``spec``, and each plain dtype compiled on a static
+    cache (models/static.py) where ``compile`` asks for it, on CUDA, or once measured.
+
+    Compiling takes minutes, and a CPU may run the compiled model slower (docs/hardware.md):
+    on CUDA, where CUDA graphs take the launch overhead away, the compiled paths are measured
+    with the others; on a CPU once `anydraft doctor --compile` has measured them."""
+    from ..models.static import SUFFIX
+
+    paths = candidates(device)
+    wanted = compile or device == "cuda"
+    return paths + tuple(p + SUFFIX for p in paths if "+" not in p and (
+        wanted or cached(model_key(spec, "torch", p + SUFFIX, device)) is not None))
 
 
 def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu", progress=None,
@@ -188,7 +204,7 @@ def choose_dtype(spec: str, device: str = "cpu", progress=None):
     """``(path, model or None, {path: curve})`` for ``dtype="auto"``: the dtype and kernels whose
     measured curve gives the most expected tokens per second (`rate`). The model is returned
     when the choice loaded it (so it is not loaded twice)."""
-    found, model = curves(spec, "torch", candidates(device), device, progress)
+    found, model = curves(spec, "torch", torch_paths(spec, device), device, progress)
     best = fastest(found)
     if progress:
         progress(f"dtype auto: {spec} in {best} ({explain(found)})")

@@ -51,7 +51,7 @@ class LoadedModel:
         return "llama.cpp (GGUF)" if self.backend == "llamacpp" else f"torch {self.dtype or 'as given'}"
 
     def new_session(self) -> Session:
-        if isinstance(self.model, llamacpp.LlamaCppModel):
+        if hasattr(self.model, "new_session"):  # llama.cpp, or compiled on a static cache
             return self.model.new_session()
         return HFSession(self.model)
 
@@ -63,7 +63,7 @@ class LoadedModel:
 
     @property
     def context_window(self) -> int:
-        if isinstance(self.model, llamacpp.LlamaCppModel):
+        if hasattr(self.model, "max_length"):  # llama.cpp's context, a static cache's length
             return self.model.max_length
         return context_window(self.model)
 

@@ -113,35 +113,40 @@ def load_tokenizer(spec: str):
         raise _hub_error(source, exc) from exc
 
 
-def split_kernels(dtype) -> tuple[object, bool]:
-    """``(dtype without the kernel suffix, whether it asks for oneDNN linear layers)``:
-    ``"float32+onednn"`` is float32 weights on oneDNN kernels (models/kernels.py)."""
-    from .kernels import SUFFIX
+# a dtype name may end in the execution path it runs on: "+onednn" (oneDNN linear layers,
+# models/kernels.py) or "+compile" (torch.compile on a static cache, models/static.py)
+PATHS = ("onednn", "compile")
 
-    if isinstance(dtype, str) and dtype.endswith(SUFFIX):
-        return dtype[: -len(SUFFIX)], True
-    return dtype, False
+
+def split_kernels(dtype) -> tuple[object, str]:
+    """``(dtype without the path suffix, the path: "" or one of PATHS)``: ``"float32+onednn"``
+    is float32 weights on oneDNN kernels (models/kernels.py)."""
+    if isinstance(dtype, str):
+        name, _, path = dtype.partition("+")
+        if path in PATHS:
+            return name, path
+    return dtype, ""
 
 
 def parse_dtype(dtype, allow_auto: bool = False, device: str = "cpu"):
-    """The torch dtype of a name, with or without the ``+onednn`` kernel suffix (or ``"auto"``
-    itself, where allowed); clear error otherwise."""
+    """The torch dtype of a name, with or without a path suffix (or ``"auto"`` itself, where
+    allowed); clear error otherwise."""
     import torch
 
     from . import kernels
 
     if allow_auto and dtype == AUTO:
         return AUTO
-    name, onednn = split_kernels(dtype)
+    name, path = split_kernels(dtype)
     if isinstance(name, torch.dtype):
         if name not in (torch.float32, torch.bfloat16, torch.float16):
             raise AnydraftError(f"dtype {name} not supported: use auto, float32, bfloat16 or float16")
         return name
     if name not in DTYPES:
         raise AnydraftError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16, "
-                            f"optionally with {kernels.SUFFIX} (e.g. float32{kernels.SUFFIX})")
+                            f"optionally with +onednn or +compile (e.g. float32{kernels.SUFFIX})")
     torch_dtype = getattr(torch, DTYPES[name])
-    if onednn and not kernels.available(torch_dtype, device):
+    if path == "onednn" and not kernels.available(torch_dtype, device):
         raise AnydraftError(f"oneDNN linear layers do not run {name} on this machine ({device}): "
                             f"use float32{kernels.SUFFIX}, or {name} without {kernels.SUFFIX}")
     return torch_dtype
@@ -178,7 +183,7 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
 
     device = resolve_device(device)
     torch_dtype = parse_dtype(dtype, device=device)
-    onednn = split_kernels(dtype)[1]
+    kernel = split_kernels(dtype)[1]
     source = resolve(spec)
     start = time.perf_counter()
     if source.gguf_file is not None:
@@ -207,10 +212,14 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
     except OSError as exc:
         raise _hub_error(source, exc) from exc
     model.to(device).eval()
-    if onednn:
+    if kernel == "onednn":
         from .kernels import pack
 
         pack(model)
+    elif kernel == "compile":
+        from .static import CompiledModel
+
+        model = CompiledModel(model)  # compiles at its first calls
     if progress:
         progress(f"loaded {spec} ({dtype}) in {time.perf_counter() - start:.1f} s")
     return model

@@ -79,11 +79,14 @@ def test_the_rate_rewards_a_flat_curve_and_a_fast_plain_step():
     # oneDNN float32 flatter than the default kernels (Zen 3, AVX2: docs/hardware.md)
     ({"float32": {1: 0.42, 5: 1.24, 9: 1.29}, "float32+onednn": {1: 0.30, 5: 0.45, 9: 0.50}},
      "float32+onednn"),
+    # a compiled path, measured before (`doctor --compile`), and faster
+    ({"float32": {1: 0.42, 5: 1.24, 9: 1.29}, "float32+compile": {1: 0.20, 5: 0.40, 9: 0.45}},
+     "float32+compile"),
 ])
 def test_auto_takes_the_path_its_measurements_favour(curves, want, monkeypatch):
-    monkeypatch.setattr(profile, "candidates", lambda device: tuple(curves))
+    monkeypatch.setattr(profile, "candidates", lambda device: tuple(p for p in curves if "compile" not in p))
     monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
-    monkeypatch.setattr(profile, "cached", lambda key: curves[key])
+    monkeypatch.setattr(profile, "cached", lambda key: curves.get(key))
     dtype, model, measured = profile.choose_dtype("any-model")
     assert (dtype, model, measured) == (want, None, curves)  # from the cache: nothing loaded
 
@@ -101,6 +104,18 @@ def test_the_candidates_follow_the_machine(monkeypatch):
     monkeypatch.setattr(profile, "this_machine", lambda: native)
     assert {"float32", "bfloat16"} <= set(profile.candidates("cpu"))
     assert "float16" in profile.candidates("cuda")
+
+
+def test_compiled_paths_are_weighed_where_asked_for_on_cuda_or_once_measured(monkeypatch):
+    measured = set()
+    monkeypatch.setattr(profile, "candidates", lambda device: ("float32", "float32+onednn"))
+    monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
+    monkeypatch.setattr(profile, "cached", lambda key: {1: 0.1} if key in measured else None)
+    assert profile.torch_paths("m", "cpu") == ("float32", "float32+onednn")  # minutes to compile
+    assert profile.torch_paths("m", "cpu", compile=True)[-1] == "float32+compile"  # doctor --compile
+    assert profile.torch_paths("m", "cuda")[-1] == "float32+compile"  # CUDA graphs: always measured
+    measured.add("float32+compile")
+    assert profile.torch_paths("m", "cpu")[-1] == "float32+compile"  # measured once: weighed
 
 
 LLAMA = {1: 0.12, 5: 0.45, 9: 0.75}  # a quantized GGUF on llama.cpp: fast, steep (AVX2 shape)

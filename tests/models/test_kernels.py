@@ -44,8 +44,8 @@ def test_greedy_in_the_packed_path_equals_plain_decoding_in_it(method):
 
 
 def test_the_kernel_suffix_is_parsed_and_checked():
-    assert split_kernels("float32+onednn") == ("float32", True)
-    assert split_kernels("bfloat16") == ("bfloat16", False)
+    assert split_kernels("float32+onednn") == ("float32", "onednn")
+    assert split_kernels("bfloat16") == ("bfloat16", "")
     assert parse_dtype("float32+onednn") == torch.float32
     with pytest.raises(AnydraftError, match="do not run float16"):
         parse_dtype("float16+onednn")
