@@ -38,6 +38,35 @@ def test_prompt_ids_beyond_the_models_vocabulary():
         small.stream("the quick brown fox", chat=False)  # before iteration: a server's 400
 
 
+def test_a_drafters_tokenizer_longer_than_its_vocabulary():
+    """The drafter's side (issue 19): the prompt re-encoded for a drafter whose tokenizer is
+    longer than its logits spelt ids it has no embedding for: an IndexError mid-generation (a
+    server's 500). It reads such a token as its bytes now; greedy output stays the target's."""
+    from anydraft.bridge import token_table
+    from anydraft.decoding import Stats
+    from anydraft.methods.drafter import Drafter
+    from tests.bridge.bridge_synthetic import make_byte_bpe
+
+    tok, dtok, width = make_byte_bpe(), byte_tokenizer(), 300
+    prompt = "the quick brown fox"
+    assert max(dtok.encode(prompt)) >= width
+    short = tiny_llama(width, seed=1)
+    for target_tok, methods in ((tok, ("slem", "tli", "slrs")), (dtok, ("sd",))):
+        dec = Decoder(target=tiny_llama(len(target_tok)), tokenizer=target_tok, drafter=short,
+                      drafter_tokenizer=dtok, dtype="float32", adaptive=False, num_draft_tokens=3)
+        want = dec.generate(prompt, max_new_tokens=12, chat=False, method="ar").token_ids
+        for method in methods:
+            out = dec.generate(prompt, max_new_tokens=12, chat=False, method=method)
+            assert out.token_ids == want and out.stats["drafted"] > 0, method
+            dec.generate(prompt, max_new_tokens=12, chat=False, method=method, temperature=1.0, seed=0)
+    # text the target commits later is read the same way
+    ttable, dtable = token_table(tok), token_table(dtok)
+    drafter = Drafter(dec.drafter.new_session(), dtable, [], Stats(), ttable, width=width)
+    drafter.commit(ttable.encode(prompt), 0)
+    assert max(drafter.ids) < width and dtable.decode_bytes(drafter.ids) == prompt.encode()
+    assert len(drafter.propose(2, lambda logits: logits.softmax(-1), True, None, 0.0)[0]) == 2
+
+
 def test_generation_stops_at_context_window(dec):
     out = dec.generate("hello " * 8, max_new_tokens=500, chat=False)
     assert out.finish_reason in ("context", "eos")

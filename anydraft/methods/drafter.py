@@ -5,6 +5,11 @@ a prefix of ``ids`` followed by the draft tokens of the last step. After the tar
 `commit` (cross-vocabulary: through the bridge, by bytes; same vocabulary: by ids) keeps the
 still-valid prefix of the cache, crops the rest and queues the tokens to feed. The whole
 sequence is never re-fed. The decoding step (decoding/step.py) calls `propose` and `commit`.
+
+A drafter whose tokenizer is longer than its logits (tokens added, embeddings not resized)
+has no embedding for the ids past them: it reads such a token as its bytes, one byte token
+each (`readable`), and not at all where it cannot spell them so. Only the drafter's view of
+the text changes; the target verifies every proposal, so the output stays the target's.
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ from ..sampling import sample
 
 class Drafter:
     def __init__(self, session: Session, table, ids: list[int], stats, target_table=None,
-                 head: int = 0, context: int = 0, cancel: Callable[[], str | None] | None = None):
+                 head: int = 0, context: int = 0, cancel: Callable[[], str | None] | None = None,
+                 width: int | None = None):
         self.session = session
         self.table = table  # drafter TokenTable
         self.target_table = target_table  # None: the drafter reads the target's own ids
-        self.ids = ids  # committed text in drafter tokens
+        self.width = width  # the drafter's logits width (None: it reads every id)
+        head_ids = self.readable(ids[:head])
+        self.ids = head_ids + self.readable(ids[head:])  # committed text in drafter tokens
+        head = len(head_ids)
         self.stats = stats
         self.head, self.context = head, context  # context 0: read every backlog whole
         self.cancel = cancel  # asked between the chunks of a long backlog (None: read it at once)
@@ -51,7 +60,9 @@ class Drafter:
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         with self.stats.timed("draft"):
-            if len(self.session) == len(self.ids):  # no logits for the next position: redo the last
+            if not self.ids:  # it could read none of the text: nothing to draft from
+                k = 0
+            elif len(self.session) == len(self.ids):  # no logits for the next position: redo the last
                 self.session.rollback(len(self.ids) - 1)
             if k:
                 self.trim(read or self.context)
@@ -128,10 +139,26 @@ class Drafter:
                     n_keep, feed = 0, []
         self._commit(n_keep, feed)
 
+    def readable(self, ids: list[int]) -> list[int]:
+        """``ids`` with each id past the drafter's logits width spelt in byte tokens, or left
+        out where a byte has no token inside the width (drafts are always inside it)."""
+        width = self.width
+        if width is None or all(t < width for t in ids):
+            return ids
+        byte_ids, tb, out = self.table.byte_ids, self.table.token_bytes, []
+        for t in ids:
+            if t < width:
+                out.append(t)
+                continue
+            spelt = [byte_ids[b] for b in (tb[t] if t < len(tb) else b"")]
+            if all(b is not None and b < width for b in spelt):
+                out.extend(spelt)
+        return out
+
     def _commit(self, n_keep: int, feed: list[int]) -> None:
         base = len(self.ids)
         self.ids.extend(self.drafts[:n_keep])
-        self.ids.extend(feed)
+        self.ids.extend(self.readable(feed))
         # the cache may hold ids[:base] + drafts[:k-1]; keep only what is still valid
         self.session.rollback(min(len(self.session), base + n_keep))
         self.drafts = []

@@ -85,7 +85,7 @@ class Pairing:
             head, body = list(self.drafter_bos), self.drafter_table.encode(text)
         return Drafter(self.new_drafter_session(), self.drafter_table, head + body, state.stats,
                        None if same_ids else self.target_table, len(head), self.drafter_context,
-                       state.cancel)
+                       state.cancel, self.drafter_vocab_size)
 
     def start(self, state, proposer) -> Row:
         """One generation of a drafter method: its drafter, reading the prompt, and its policy
