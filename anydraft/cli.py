@@ -65,6 +65,15 @@ def cmd_models(args) -> int:
                 size = f"{r['size_bytes'] / 2**20:.0f} MiB"
                 print(f"{r['name']:<20} {'yes' if r['installed'] else 'no':<10} {size:>9}  {r['description']}")
         return 0
+    if args.action == "quantize":
+        from .models.llamacpp import quantize
+
+        if not args.names:
+            raise AnydraftError("name the GGUF models to quantize (catalog names or .gguf files)")
+        for name in args.names:
+            print(f"{name}: {quantize(name, args.type, progress)} (a different model: pass this "
+                  "path as the target or drafter)")
+        return 0
     names = list(catalog.CATALOG) if args.names == ["all"] else args.names
     if not names:
         raise AnydraftError("name the models to install (or `all`)")
@@ -114,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="list or install the offline model catalog")
-    m.add_argument("action", choices=["list", "install"])
-    m.add_argument("names", nargs="*", help="models to install, or `all`")
+    m.add_argument("action", choices=["list", "install", "quantize"])
+    m.add_argument("names", nargs="*", help="models to install (or `all`) or to quantize")
+    m.add_argument("--type", default="q4_0", help="quantize: the weight type of the copy (q4_0, q8_0)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_models)
 
@@ -135,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--compile", action="store_true",
                      help="measure each dtype compiled on a static cache too (torch.compile: minutes "
                           "per model on a CPU); once measured, auto weighs it")
+    doc.add_argument("--quantize", default="", metavar="q4_0,q8_0",
+                     help="also measure llama.cpp copies of a GGUF model in these weight types "
+                          "(written once into the cache) and say whether one would be faster")
     doc.add_argument("--json", action="store_true")
     doc.set_defaults(func=cmd_doctor)
 

@@ -8,7 +8,8 @@ import sys
 from . import profile
 from .machine import this_machine
 
-LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path name doctor prints
+LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
+LLAMACPP_COPY = "llama.cpp copy"
 
 
 def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | None:
@@ -18,15 +19,18 @@ def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | 
     return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
 
 
-def report(models: list[str], device: str = "auto", progress=None, remeasure: bool = False,
-           compile: bool = False) -> dict:
+def report(models: dict[str, str], device: str = "auto", progress=None, remeasure: bool = False,
+           compile: bool = False, quantize: tuple[str, ...] = ()) -> dict:
+    """Each model's (``{spec: "target" or "drafter"}``) measured curves on every path (``compile``: the compiled torch paths too;
+    ``quantize``: llama.cpp copies of a GGUF model in those weight types, `quantized`) and what
+    ``auto`` chooses from them."""
     from ..models.loading import resolve_device
 
     device = resolve_device(device)  # curves are keyed by "cpu" or "cuda", never "auto"
     machine = this_machine()
     out = {"machine": machine.lines(), "native_bf16": machine.native_bf16, "device": device,
            "models": {}}
-    for spec in models:
+    for spec, role in models.items():
         paths = profile.torch_paths(spec, device, compile)
         curves = profile.curves(spec, "torch", paths, device, progress, remeasure)[0]
         best = profile.fastest(curves)
@@ -37,13 +41,52 @@ def report(models: list[str], device: str = "auto", progress=None, remeasure: bo
         as_target, as_drafter = (
             LLAMACPP if llama and profile.prefer_llamacpp(role, llama, curves[best]) else f"torch {best}"
             for role in ("target", "drafter"))
+        copies = quantized(spec, quantize, remeasure, progress) if llama is not None else {}
+        paths.update({f"{LLAMACPP_COPY} {kind.upper()}": curve for kind, (_, curve) in copies.items()})
         out["models"][spec] = {
             "curves_ms": {path: {m: round(s * 1e3, 2) for m, s in c.items()} for path, c in paths.items()},
             "tokens_per_s": {path: round(profile.rate(c), 2) for path, c in paths.items()},
             "dtype_auto": best,
             "backend_auto": {"target": as_target, "drafter": as_drafter},
+            "copies": {kind: path for kind, (path, _) in copies.items()},
+            "role": role,
         }
     return out
+
+
+def quantized(spec: str, kinds, remeasure: bool, progress) -> dict[str, tuple[str, dict]]:
+    """``{kind: (path, llama.cpp curve)}`` of a copy of ``spec`` in each weight type of ``kinds``
+    (written once, models/llamacpp.py `quantize`)."""
+    from ..models.llamacpp import quantize
+
+    copies = {}
+    for kind in kinds:
+        path = quantize(spec, kind, progress)
+        copies[kind] = path, profile.curves(path, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
+    return copies
+
+
+def advice(spec: str, m: dict, role: str) -> str:
+    """Whether a quantized copy would run ``spec`` faster in ``role`` than what ``auto`` runs it
+    on, by `profile.prefer_llamacpp`'s rule (a target by its expected tokens per second, a
+    drafter by its one-token step). A copy is a different model, so it is the user's choice,
+    never made for them; as a drafter it changes nothing in the output, only the speed."""
+    auto = m["backend_auto"][role]
+    curves = {path: {int(k): v for k, v in c.items()} for path, c in m["curves_ms"].items()}
+    faster = [kind for kind in m["copies"]
+              if profile.prefer_llamacpp(role, curves[f"{LLAMACPP_COPY} {kind.upper()}"], curves[auto])]
+    if not faster:
+        return f"no quantized copy of {spec} would beat {auto} as a {role} here"
+    best = max(faster, key=lambda kind: m["tokens_per_s"][f"{LLAMACPP_COPY} {kind.upper()}"]
+               if role == "target" else -curves[f"{LLAMACPP_COPY} {kind.upper()}"][1])
+    copy = curves[f"{LLAMACPP_COPY} {best.upper()}"]
+    gain = (f"{m['tokens_per_s'][f'{LLAMACPP_COPY} {best.upper()}']:.1f} expected tokens/s against "
+            f"{m['tokens_per_s'][auto]:.1f}" if role == "target"
+            else f"{copy[1]:.1f} ms per drafted token against {curves[auto][1]:.1f}")
+    what = ("greedy output equals plain decoding of the copy, not of the original" if role == "target"
+            else "the output stays exactly the target's; only the acceptance may change")
+    return (f"a {best.upper()} copy of {spec} would run as the {role} at {gain} on {auto}: pass "
+            f"--{role} {m['copies'][best]} to use it (a different model: {what})")
 
 
 def print_report(data: dict) -> None:
@@ -62,12 +105,14 @@ def print_report(data: dict) -> None:
         auto = m["backend_auto"]
         print(f"backend auto -> as a target: {auto['target']} (the same rule); as a drafter: "
               f"{auto['drafter']} (the cheaper one-token step)")
+        if m["copies"]:
+            print(advice(spec, m, m["role"]))
 
 
 def cmd_doctor(args) -> int:
-    models = [m for m in (args.target, args.drafter) if m]
+    models = {spec: role for spec, role in ((args.target, "target"), (args.drafter, "drafter")) if spec}
     data = report(models, args.device, None if args.json else (lambda m: print(m, file=sys.stderr)),
-                  args.remeasure, args.compile)
+                  args.remeasure, args.compile, tuple(k for k in args.quantize.split(",") if k))
     if args.json:
         print(json.dumps(data, indent=1))
     else:

@@ -234,3 +234,48 @@ class LlamaCppSession:
         if context is not None:
             self._owner._release(context)
             self._context = None
+
+
+# weight types a GGUF model can be rewritten in (`quantize`): llama.cpp has batched kernels for
+# both on x86 (repacked Q4_0 GEMM, tinyBLAS Q8_0), where K-quants such as the catalog's Q4_K_M
+# take a dot product per row, so their cost curves can be flatter (docs/hardware.md)
+QUANTS = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+
+
+def quantize(spec: str, kind: str, progress=None) -> str:
+    """The path of a copy of the GGUF model ``spec`` with its weights in ``kind`` (`QUANTS`),
+    written once into ``$ANYDRAFT_CACHE/quantized/`` by llama.cpp (about 20 s for 1.5B).
+
+    The copy is a different model: greedy output equals plain decoding of the copy, not of the
+    original. A copy of an already quantized file is quantized twice (llama.cpp's
+    ``allow_requantize``), which costs a little quality; from a float16 GGUF it does not."""
+    from . import catalog
+    from .loading import resolve
+
+    if kind not in QUANTS:
+        raise AnydraftError(f"unknown quantization {kind!r}: use one of {', '.join(QUANTS)}")
+    source = resolve(spec)
+    if source.gguf_file is None:
+        raise AnydraftError(f"{spec!r} is not a GGUF model: llama.cpp quantizes GGUF files only")
+    out = catalog.cache_dir() / "quantized" / f"{source.cache_key}.{kind.upper()}.gguf"
+    if out.is_file():
+        return str(out)
+    lib = _lib()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, QUANTS[kind])
+    params.allow_requantize = True
+    params.nthread = _threads()
+    if progress:
+        progress(f"writing a {kind.upper()} copy of {spec} (once)...")
+    start = time.perf_counter()
+    failed = lib.llama_model_quantize(os.path.join(source.path, source.gguf_file).encode(),
+                                      str(partial).encode(), ctypes.byref(params))
+    if failed:
+        partial.unlink(missing_ok=True)
+        raise AnydraftError(f"llama.cpp could not write a {kind.upper()} copy of {spec} (status {failed})")
+    os.replace(partial, out)
+    if progress:
+        progress(f"wrote {out} in {time.perf_counter() - start:.0f} s")
+    return str(out)
