@@ -44,6 +44,12 @@ class CompiledModel:
             raise AnydraftError(
                 f"{model_name(model)} has {', '.join(sorted(kinds - {'full_attention'}))} layers, which "
                 f"a static cache cannot roll back: run it without {SUFFIX}")
+        config = model.config.get_text_config(decoder=True)
+        scaled = [name for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+                  if getattr(config, name, None) not in (None, 1, 1.0)]
+        if scaled:  # the head here is the plain output layer: a model that rescales its logits
+            raise AnydraftError(f"{model_name(model)} rescales its logits ({', '.join(scaled)}): "
+                                f"run it without {SUFFIX}")
         self.model = model
         self.config = model.config
         self.max_length = min(context_window(model), max_length)

@@ -81,6 +81,13 @@ def test_sliding_window_models_are_refused():
         CompiledModel(MistralForCausalLM(config))
 
 
+def test_models_that_rescale_their_logits_are_refused():
+    model = tiny_llama(300)
+    model.config.logits_scaling = 8.0  # as Granite does, in its own forward pass
+    with pytest.raises(AnydraftError, match="rescales its logits \\(logits_scaling\\)"):
+        CompiledModel(model)
+
+
 def test_the_compile_suffix_parses():
     assert split_kernels("float32+compile") == ("float32", "compile")
     assert parse_dtype("bfloat16+compile") == torch.bfloat16
