@@ -55,6 +55,13 @@ class LoadedModel:
             return self.model.new_session()
         return HFSession(self.model)
 
+    def new_batch(self, max_rows: int):
+        """A `BatchSession` (models/batch.py) of up to ``max_rows`` sequences of this model.
+        Every backend runs its rows one after another for now (`SerialBatch`)."""
+        from .batch import SerialBatch
+
+        return SerialBatch(self.new_session, max_rows)
+
     @property
     def logits_width(self) -> int:
         if isinstance(self.model, llamacpp.LlamaCppModel):

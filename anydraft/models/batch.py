@@ -1,0 +1,105 @@
+"""Many sequences in one model: the batch protocol that batched decoding builds on (issue 21,
+docs/batching-plan.md).
+
+A `BatchSession` holds the KV caches of up to ``max_rows`` sequences (rows) of one model and
+scores new tokens of several rows in ONE model call, which is where batching gains: a call's
+cost grows slowly with the tokens in it where the model's cost curve is flat
+(hardware/profile.py). Each row keeps its own length and rolls back on its own.
+
+- ``add_row()``: a free row id (raises when all ``max_rows`` are taken).
+- ``remove_row(row)``: forget the row; its id may be given out again.
+- ``feed_rows({row: ids}, {row: n})``: append each row's ``ids`` and return, per row, float32
+  CPU logits for its last ``n`` positions: exactly what ``Session.feed(ids, n)`` returns for
+  that row alone (to float rounding, where the backend sums in another order).
+- ``rollback(row, n)``, ``length(row)``.
+
+`RowView` is one row seen as a plain `Session` (models/session.py), so everything written for
+one sequence (the decoding loop, the drafter, every method) runs on a row unchanged.
+`SerialBatch` runs each row in its own `Session`, one after another: exact by construction, no
+faster, and the fallback of every backend without batched calls.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from ..errors import AnydraftError
+
+
+class BatchSession(Protocol):
+    vocab_size: int  # width of a logits row
+    max_length: int  # context window of each row, in tokens
+    max_rows: int
+
+    def add_row(self) -> int: ...
+
+    def remove_row(self, row: int) -> None: ...
+
+    def length(self, row: int) -> int: ...
+
+    def rollback(self, row: int, n: int) -> None: ...
+
+    def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]: ...
+
+
+def full(max_rows: int) -> AnydraftError:
+    return AnydraftError(f"all {max_rows} rows of the batch are taken: wait for a row to leave")
+
+
+class RowView:
+    """One row of a `BatchSession` as a `Session`; the row is freed when the view is closed or
+    collected."""
+
+    def __init__(self, batch: BatchSession):
+        self.batch = batch
+        self.row = batch.add_row()
+        self.vocab_size, self.max_length = batch.vocab_size, batch.max_length
+        self._free = weakref.finalize(self, batch.remove_row, self.row)
+
+    def __len__(self) -> int:
+        return self.batch.length(self.row)
+
+    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        return self.batch.feed_rows({self.row: ids}, {self.row: len(ids) if rows is None else rows})[self.row]
+
+    def rollback(self, n: int) -> None:
+        self.batch.rollback(self.row, n)
+
+    def close(self) -> None:
+        self._free()
+
+
+class SerialBatch:
+    """A `BatchSession` whose rows are sessions of their own, fed one after another."""
+
+    def __init__(self, new_session: Callable[[], object], max_rows: int):
+        if max_rows < 1:
+            raise AnydraftError(f"a batch needs at least one row (got max_rows={max_rows})")
+        self.new_session, self.max_rows = new_session, max_rows
+        self.sessions: dict[int, object] = {}
+        probe = new_session()  # the width and window every row shares
+        self.vocab_size, self.max_length = probe.vocab_size, probe.max_length
+        self._spare = [probe]
+
+    def add_row(self) -> int:
+        if len(self.sessions) >= self.max_rows:
+            raise full(self.max_rows)
+        row = min(set(range(self.max_rows)) - set(self.sessions))
+        self.sessions[row] = self._spare.pop() if self._spare else self.new_session()
+        return row
+
+    def remove_row(self, row: int) -> None:
+        self.sessions.pop(row, None)
+
+    def length(self, row: int) -> int:
+        return len(self.sessions[row])
+
+    def rollback(self, row: int, n: int) -> None:
+        self.sessions[row].rollback(n)
+
+    def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
+        return {row: self.sessions[row].feed(ids, rows[row]) for row, ids in feeds.items()}
