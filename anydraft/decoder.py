@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from . import methods
 from .bridge import token_table
 from .config import DraftConfig, check_method, override
-from .decoding import DecodeState, Finish, Stats, TextAssembler, decode
+from .decoding import DecodeState, Finish, Generation, Stats, TextAssembler, decode, decode_batch
 from .errors import AnydraftError
 from .models.backends import LoadedModel, check_backend, check_target_device, load
+from .models.batch import RowView
 from .models.loading import parse_dtype, resolve_device
 from .sampling import SamplingParams
 
@@ -131,6 +132,14 @@ class Decoder:
 
     # -- generation ------------------------------------------------------------------------
     def _run(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts, cancel=None):
+        state, text, finish, method = self._prepare(prompt, max_new_tokens, sampling, chat, stop,
+                                                    method, shortcuts, self.target.new_session)
+        steps = decode(state, method, max_new_tokens, self.eos_ids, text, finish, cancel)
+        return state, text, finish, steps
+
+    def _prepare(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts, new_session):
+        """Check one request's arguments; its decoding state (on a session from
+        ``new_session``, taken once all is checked), text assembler, finish and method."""
         method = self.draft.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -142,12 +151,9 @@ class Decoder:
             raise AnydraftError("stop must be a string or a list of strings")
         params = override(sampling or SamplingParams(), **shortcuts)
         ids = self.prompt_ids(prompt, chat)
-        state = DecodeState(self.target.new_session(), list(ids), params, params.generator(), Stats())
+        state = DecodeState(new_session(), list(ids), params, params.generator(), Stats())
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
-        finish = Finish()
-        steps = decode(state, self._method_factory(method, params, max_new_tokens), max_new_tokens,
-                       self.eos_ids, text, finish, cancel)
-        return state, text, finish, steps
+        return state, text, Finish(), self._method_factory(method, params, max_new_tokens)
 
     def generate(
         self,
@@ -173,6 +179,38 @@ class Decoder:
         for _ in stream:
             pass
         return stream.output
+
+    def generate_batch(
+        self,
+        prompts: Sequence,
+        max_new_tokens: int = 128,
+        *,
+        sampling: SamplingParams | None = None,
+        chat: bool = True,
+        stop: str | Sequence[str] | None = None,
+        method: str | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
+        step scores every unfinished prompt's candidates in one target call where the target's
+        backend batches (models/batch.py; others run the rows one after another), and a
+        prompt that finishes leaves at once. Each output is exactly what `generate` gives for
+        its prompt alone: greedy token for token, sampling in distribution."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+            raise AnydraftError("prompts must be a non-empty list of prompts")
+        shortcuts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        batch = self.target.new_batch(len(prompts))
+        runs = [self._prepare(prompt, max_new_tokens, sampling, chat, stop, method, shortcuts,
+                              lambda: RowView(batch)) for prompt in prompts]
+        generations = [Generation(state, proposer, max_new_tokens, self.eos_ids, text, finish)
+                       for state, text, finish, proposer in runs]
+        decode_batch(generations)
+        return [GenerationOutput(text.finish(), state.committed[state.stats.prompt_tokens:],
+                                 finish.reason, state.stats.as_dict()) for state, text, finish, _ in runs]
 
     def stream(
         self,

@@ -1,5 +1,5 @@
-from .loop import DecodeState, Finish, decode
+from .loop import DecodeState, Finish, Generation, decode, decode_batch
 from .stats import Stats
 from .text import TextAssembler
 
-__all__ = ["DecodeState", "Finish", "Stats", "TextAssembler", "decode"]
+__all__ = ["DecodeState", "Finish", "Generation", "Stats", "TextAssembler", "decode", "decode_batch"]

@@ -47,14 +47,18 @@ class DecodeState:
         Returns ``len(candidates) + 1`` logits rows: row i is the target's next-token logits
         after the committed text and the first i candidates.
         """
-        ids = self.pending + list(candidates)
-        before = self.stats.phase_seconds["target"]
-        with self.stats.timed("target"):
-            logits = self.target.feed(ids, rows=len(candidates) + 1)
-        if not self.stats.target_calls:  # after any chunks `prefill` read before
-            self.stats.prefill_seconds += self.stats.phase_seconds["target"] - before
-        self.stats.target_calls += 1
+        start = time.perf_counter()
+        logits = self.target.feed(self.pending + list(candidates), rows=len(candidates) + 1)
+        self.account(time.perf_counter() - start)
         return logits
+
+    def account(self, seconds: float) -> None:
+        """Count one target call of ``seconds`` (shared with other rows in a batched call: the
+        time this sequence waited for it)."""
+        self.stats.phase_seconds["target"] += seconds
+        if not self.stats.target_calls:  # after any chunks `prefill` read before
+            self.stats.prefill_seconds += seconds
+        self.stats.target_calls += 1
 
 
 @dataclass
@@ -74,6 +78,84 @@ def prefill(state: DecodeState, cancel: Callable[[], str | None], chunk: int = P
     return reason
 
 
+class Generation:
+    """One request's decoding: its state, its method's `Row`, the stopping rules and the
+    statistics. `decode` runs one generation; `decode_batch` steps several together, so that
+    one target call can score them all (issue 21)."""
+
+    def __init__(self, state: DecodeState, method, max_new_tokens: int, eos_ids: frozenset[int],
+                 text: TextAssembler, finish: Finish, cancel: Callable[[], str | None] | None = None):
+        self.state, self.method, self.max_new_tokens = state, method, max_new_tokens
+        self.eos_ids, self.text, self.finish, self.cancel = eos_ids, text, finish, cancel
+        self.row = None  # the method's Row, once `start` read the prompt
+        self.generated = 0
+        self._start = time.perf_counter()
+
+    def start(self) -> bool:
+        """Read the prompt (in chunks, when something can cancel) and start the method; False
+        when cancelled during the read."""
+        stats, state = self.state.stats, self.state
+        stats.method = self.method.name
+        stats.prompt_tokens = len(state.committed)
+        self._start = time.perf_counter()
+        state.cancel = self.cancel
+        if self.cancel is not None and (reason := prefill(state, self.cancel)):
+            self.finish.reason = reason
+            self.close()
+            return False
+        self.row = self.method.start(state)
+        return True
+
+    def ready(self) -> bool:
+        """Whether to run another step (budget left, no EOS or stop string yet, room in the
+        context window, nothing cancelled); when not, the finish reason is set and the clock
+        stopped."""
+        state = self.state
+        if self.generated >= self.max_new_tokens or self.finish.reason in ("eos", "stop"):
+            pass
+        elif len(state.committed) >= state.target.max_length:
+            self.finish.reason = "context"
+        elif self.cancel is not None and (reason := self.cancel()):
+            self.finish.reason = reason
+        else:
+            state.budget = self.max_new_tokens - self.generated
+            return True
+        self.close()
+        return False
+
+    def absorb(self, new: list[int], n_accepted: int, offered: int) -> list[int]:
+        """Commit what a step produced up to the first stop condition; the tokens kept.
+
+        Tokens after a stop condition within one step are discarded (the target saw them only
+        as unverified candidates, or as tokens nobody asked for)."""
+        assert new, f"method {self.method.name} committed nothing"
+        stats, kept = self.state.stats, []
+        for token in new[: self.max_new_tokens - self.generated]:
+            kept.append(token)
+            if token in self.eos_ids:
+                self.finish.reason = "eos"
+                break
+            if self.text.add(token):
+                self.finish.reason = "stop"
+                break
+        self.state.committed.extend(kept)
+        self.generated += len(kept)
+        stats.accepted += min(n_accepted, len(kept))
+        if offered:  # per draft position, as vLLM's spec-decode metrics count them
+            stats.drafts += 1
+            per = stats.accepted_per_position
+            per.extend([0] * (offered - len(per)))
+            for i in range(min(n_accepted, len(kept))):
+                per[i] += 1
+        stats.target_tokens += len(kept) - min(n_accepted, len(kept))
+        stats.new_tokens = self.generated
+        self.close()
+        return kept
+
+    def close(self) -> None:
+        self.state.stats.seconds = time.perf_counter() - self._start
+
+
 def decode(
     state: DecodeState,
     method,
@@ -85,56 +167,26 @@ def decode(
 ) -> Iterator[list[int]]:
     """Run ``method`` until a stop condition; yield the tokens each step commits.
 
-    Tokens after a stop condition within one step are discarded (the target saw them only as
-    unverified candidates, or as tokens nobody asked for). ``cancel`` (a server's client gone,
-    its deadline passed) is asked between prompt chunks and before every step, whether or not
-    the last step produced text; a non-empty answer ends generation with that finish reason.
+    ``cancel`` (a server's client gone, its deadline passed) is asked between prompt chunks
+    and before every step, whether or not the last step produced text; a non-empty answer
+    ends generation with that finish reason.
     """
-    stats = state.stats
-    stats.method = method.name
-    stats.prompt_tokens = len(state.committed)
-    start = time.perf_counter()
-    state.cancel = cancel
-    if cancel is not None and (reason := prefill(state, cancel)):
-        finish.reason = reason
-        stats.seconds = time.perf_counter() - start
+    generation = Generation(state, method, max_new_tokens, eos_ids, text, finish, cancel)
+    if not generation.start():
         return
-    row = method.start(state)
-    generated = 0
-    while generated < max_new_tokens:
-        if len(state.committed) >= state.target.max_length:
-            finish.reason = "context"
-            break
-        if cancel is not None and (reason := cancel()):
-            finish.reason = reason
-            break
-        state.budget = max_new_tokens - generated
-        offered = stats.drafted
-        new, n_accepted = step([row])[0]
-        offered = stats.drafted - offered
-        assert new, f"method {method.name} committed nothing"
-        kept = []
-        for token in new[: max_new_tokens - generated]:
-            kept.append(token)
-            if token in eos_ids:
-                finish.reason = "eos"
-                break
-            if text.add(token):
-                finish.reason = "stop"
-                break
-        state.committed.extend(kept)
-        generated += len(kept)
-        stats.accepted += min(n_accepted, len(kept))
-        if offered:  # per draft position, as vLLM's spec-decode metrics count them
-            stats.drafts += 1
-            per = stats.accepted_per_position
-            per.extend([0] * (offered - len(per)))
-            for i in range(min(n_accepted, len(kept))):
-                per[i] += 1
-        stats.target_tokens += len(kept) - min(n_accepted, len(kept))
-        stats.new_tokens = generated
-        stats.seconds = time.perf_counter() - start
-        yield kept
-        if finish.reason in ("eos", "stop"):
-            break
-    stats.seconds = time.perf_counter() - start
+    while generation.ready():
+        offered = state.stats.drafted
+        new, n_accepted = step([generation.row])[0]
+        yield generation.absorb(new, n_accepted, state.stats.drafted - offered)
+    generation.close()
+
+
+def decode_batch(generations: list[Generation]) -> None:
+    """Run every generation to its end, stepping the unfinished ones together: the rows of
+    one step whose targets are rows of one batch are scored in one call (`step.step`).
+    A generation leaves as soon as it finishes; the others go on."""
+    active = [g for g in generations if g.start()]
+    while active := [g for g in active if g.ready()]:
+        offered = [g.state.stats.drafted for g in active]
+        for g, before, (new, n_accepted) in zip(active, offered, step([g.row for g in active]), strict=True):
+            g.absorb(new, n_accepted, g.state.stats.drafted - before)

@@ -8,13 +8,16 @@ statistics counted and the policy told what the step cost and earned (`Policy.ob
 
 Every method is lossless because each committed token is either a candidate its verifier
 accepted or the verifier's own draw; what the policy chooses changes only the speed.
-The batch holds one row today: the target is called once per row, and each row's
-measurements are its own. Batching across requests makes the middle loop one call.
+The rows whose target sessions are rows of one batch (models/batch.py) are scored in ONE
+call (`score`); every row still verifies, commits and rolls back on its own. Each row's
+measurements are its own: a shared call counts, for each row, as the time it waited for it.
 """
 
 from __future__ import annotations
 
 import time
+
+import torch
 
 from ..methods.policy import Measured
 from ..methods.row import Row
@@ -36,7 +39,7 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
             proposal = row.proposer(choice.proposer).propose(state, row.drafter, choice.k, choice.read)
         plans.append((choice, mark, proposal))
 
-    logits = [row.state.score(proposal.candidates) for row, (_, _, proposal) in zip(rows, plans, strict=True)]
+    logits = score([row.state for row in rows], [proposal.candidates for _, _, proposal in plans])
 
     out = []
     for row, (choice, mark, proposal), scores in zip(rows, plans, logits, strict=True):
@@ -57,6 +60,30 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
         if row.drafter is not None:
             row.drafter.commit(new, n if choice.proposer == "draft" else 0)
         out.append((new, n))
+    return out
+
+
+def score(states: list, candidates: list[list[int]]) -> list[torch.Tensor]:
+    """Each state's target logits for its pending tokens and candidates (`DecodeState.score`):
+    one call per batch for the states whose targets are rows of one `BatchSession`, one call
+    per state otherwise."""
+    out: list = [None] * len(states)
+    batches: dict[int, list[int]] = {}
+    for i, state in enumerate(states):
+        batch = getattr(state.target, "batch", None)
+        if batch is None:
+            out[i] = state.score(candidates[i])
+        else:
+            batches.setdefault(id(batch), []).append(i)
+    for members in batches.values():
+        batch = states[members[0]].target.batch
+        feeds = {states[i].target.row: states[i].pending + list(candidates[i]) for i in members}
+        start = time.perf_counter()
+        logits = batch.feed_rows(feeds, {states[i].target.row: len(candidates[i]) + 1 for i in members})
+        seconds = time.perf_counter() - start
+        for i in members:
+            states[i].account(seconds)
+            out[i] = logits[states[i].target.row]
     return out
 
 

@@ -1,0 +1,96 @@
+"""Decoding several prompts together (`Decoder.generate_batch`, `decoding.loop.decode_batch`):
+each prompt's output is exactly what `generate` gives it alone, while every step scores all
+unfinished prompts in one call of the target's batch (models/batch.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from anydraft import Decoder
+from anydraft.errors import AnydraftError
+from anydraft.models.batch import SerialBatch
+from tests.helpers import byte_tokenizer, tiny_llama
+
+PROMPTS = ["abc", "the quick brown fox jumps over the lazy dog " * 6, "def f(x):", "ab ab ab ab"]
+
+
+class Counting(SerialBatch):
+    """A `SerialBatch` that records the rows of every call."""
+
+    calls: list[list[int]]
+
+    def feed_rows(self, feeds, rows):
+        self.calls.append(sorted(feeds))
+        return super().feed_rows(feeds, rows)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def decoders(tok):
+    """Fixed draft lengths: the adaptive policy chooses them from timings, and seeded sampling
+    repeats its draws only where the draft lengths repeat (greedy output does either way)."""
+    target, drafter = tiny_llama(len(tok), seed=0), tiny_llama(len(tok), seed=1)
+    return {
+        "ar": Decoder(target=target, tokenizer=tok, method="ar"),
+        "sd": Decoder(target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok,
+                      method="sd", num_draft_tokens=4, adaptive=False),
+        "lookup": Decoder(target=target, tokenizer=tok, method="lookup", adaptive=False),
+        "auto": Decoder(target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok),
+    }
+
+
+def counted(decoder, monkeypatch) -> list[list[int]]:
+    calls: list[list[int]] = []
+
+    def new_batch(max_rows):
+        batch = Counting(decoder.target.new_session, max_rows)
+        batch.calls = calls
+        return batch
+
+    monkeypatch.setattr(decoder.target, "new_batch", new_batch)
+    return calls
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "lookup"])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 7}, {"temperature": 0.8, "top_p": 0.9, "seed": 3}])
+def test_each_prompt_gets_what_it_gets_alone(decoders, method, sampling, monkeypatch):
+    decoder = decoders[method]
+    calls = counted(decoder, monkeypatch)
+    # one prompt stops at a stop string and leaves early; the others go on to the budget
+    outs = decoder.generate_batch(PROMPTS, 20, chat=False, stop=["zz"], **sampling)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        alone = decoder.generate(prompt, 20, chat=False, stop=["zz"], **sampling)
+        assert (out.token_ids, out.text, out.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
+        assert out.stats["new_tokens"] == alone.stats["new_tokens"]
+    # every step scored the unfinished prompts in one call: the first call holds all four
+    assert calls[0] == [0, 1, 2, 3] and len(calls) <= max(o.stats["target_calls"] for o in outs)
+
+
+def test_adaptive_greedy_too(decoders):
+    outs = decoders["auto"].generate_batch(PROMPTS, 24, chat=False)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == decoders["ar"].generate(prompt, 24, chat=False).token_ids
+
+
+def test_a_prompt_that_finishes_leaves_and_the_others_go_on(decoders, monkeypatch):
+    decoder = decoders["ar"]
+    stop = decoder.generate(PROMPTS[0], 30, chat=False).text[2:5]  # early in the first answer
+    assert len(stop) == 3
+    calls = counted(decoder, monkeypatch)
+    outs = decoder.generate_batch(PROMPTS, 30, chat=False, stop=[stop])
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == decoder.generate(prompt, 30, chat=False, stop=[stop]).token_ids
+    assert outs[0].finish_reason == "stop" and "length" in {o.finish_reason for o in outs}
+    assert calls[0] == [0, 1, 2, 3] and 0 not in calls[-1]  # it left; the others went on
+
+
+def test_bad_prompt_lists_are_refused(decoders):
+    for bad in ([], "abc", None):
+        with pytest.raises(AnydraftError, match="non-empty list of prompts"):
+            decoders["ar"].generate_batch(bad, 5)
+    with pytest.raises(AnydraftError, match="prompt is empty"):
+        decoders["ar"].generate_batch(["abc", "  "], 5, chat=False)
