@@ -56,10 +56,13 @@ class LoadedModel:
         return HFSession(self.model)
 
     def new_batch(self, max_rows: int):
-        """A `BatchSession` (models/batch.py) of up to ``max_rows`` sequences of this model.
-        Every backend runs its rows one after another for now (`SerialBatch`)."""
+        """A `BatchSession` (models/batch.py) of up to ``max_rows`` sequences of this model:
+        llama.cpp scores all rows in one call (`LlamaCppBatch`); the other backends run their
+        rows one after another for now (`SerialBatch`)."""
         from .batch import SerialBatch
 
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            return llamacpp.LlamaCppBatch(self.model, max_rows)
         return SerialBatch(self.new_session, max_rows)
 
     @property

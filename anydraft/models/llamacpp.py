@@ -6,7 +6,8 @@ sessions never disturb each other and a server's workers can share one model; a 
 session's context is cleared and reused by the next session. A session implements the
 `Session` protocol of session.py: ``feed`` decodes the tokens in batches of ``BATCH`` and asks
 llama.cpp for logits only at the rows wanted; ``rollback(n)`` removes the KV cache entries at
-positions ``>= n``.
+positions ``>= n``. A `LlamaCppBatch` holds many sequences in one context and scores them in
+one call (models/batch.py).
 
 Token ids are the GGUF vocabulary's, which the transformers tokenizer read from the same file
 reproduces (tests/models/test_llamacpp.py proves it over a fuzzed corpus).
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import AnydraftError
+from .batch import full
 from .session import ROLLBACK_HELP, rows_to_return
 
 # A context this long is allocated per session (KV cache, f16). The models' training windows
@@ -156,20 +158,24 @@ class LlamaCppModel:
 
 
 class _Context:
-    """A llama.cpp context (one KV cache) with its token batch."""
+    """A llama.cpp context (one KV cache of ``cells`` tokens for ``rows`` sequences) with its
+    token batch."""
 
-    def __init__(self, model: LlamaCppModel):
+    def __init__(self, model: LlamaCppModel, rows: int = 1, cells: int | None = None):
         lib = self._lib = model._lib
         params = lib.llama_context_default_params()
-        params.n_ctx = model.max_length
+        params.n_ctx = cells = cells or model.max_length
         params.n_batch = params.n_ubatch = BATCH
-        params.n_seq_max = 1
+        params.n_seq_max = rows
         params.n_threads = params.n_threads_batch = _threads()
         params.swa_full = True  # sliding-window layers (Gemma-3) keep every position: rollback
+        if rows > 1 and hasattr(params, "kv_unified"):  # builds without the field have no other
+            params.kv_unified = True  # one pool for all rows: see LlamaCppBatch
         self.ctx = lib.llama_init_from_model(model._model, params)
         if not self.ctx:
-            raise AnydraftError(f"llama.cpp could not create a context of {model.max_length} tokens "
-                                f"for {model.name}: set ANYDRAFT_LLAMACPP_CONTEXT lower")
+            fewer = " or batch fewer rows" if rows > 1 else ""
+            raise AnydraftError(f"llama.cpp could not create a context of {cells} tokens "
+                                f"for {model.name}: set ANYDRAFT_LLAMACPP_CONTEXT lower{fewer}")
         self.memory = lib.llama_get_memory(self.ctx)
         self.batch = lib.llama_batch_init(BATCH, 0, 1)
 
@@ -233,6 +239,114 @@ class LlamaCppSession:
         context = getattr(self, "_context", None)
         if context is not None:
             self._owner._release(context)
+            self._context = None
+
+
+class _Row:
+    """A batch row's length, read by `rows_to_return` as it reads a session's."""
+
+    def __init__(self, max_length: int):
+        self.length, self.max_length = 0, max_length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class LlamaCppBatch:
+    """Up to ``max_rows`` sequences of one model in one llama.cpp context, one sequence id per
+    row: a `BatchSession` (models/batch.py) whose ``feed_rows`` is ONE ``llama_decode`` (one
+    per ``BATCH`` tokens when the rows bring more), so the weights are read once for all rows.
+    Rollback and leaving cut the row's sequence id out of the cache.
+
+    The KV cache is unified: one pool of ``cells`` tokens that every row draws from. llama.cpp's
+    split cache would give each row ``cells / max_rows`` cells, and cut a batch into micro-batches
+    holding the same number of tokens from each row (rows of 6, 1 and 3 tokens: several graph
+    evaluations, no gain; docs/batching-plan.md §4). The pool defaults to ``max_rows`` full
+    windows, the memory ``max_rows`` sessions would take (SmolLM2: 23 KB a token, 8 rows of 8192
+    tokens 1.5 GB; Qwen2.5-1.5B 28 KB, 1.9 GB); a smaller pool serves rows that rarely fill
+    their window, and a call that finds it full fails with a clear error, its rows unchanged.
+
+    A row's logits depend on nothing the other rows hold, but they can differ from the row fed
+    alone by rounding: llama.cpp's CPU kernels (flash attention's f16 sums, the tiles of a
+    matrix product) round with the shape of the call and the row's place in it, as a session's
+    logits already do with the sizes it is fed in (tests/models/test_llamacpp_batch.py)."""
+
+    def __init__(self, model: LlamaCppModel, max_rows: int, cells: int | None = None):
+        lib = model._lib
+        # llama.cpp's LLAMA_MAX_SEQ; 256 in the builds without the function
+        limit = 256
+        if hasattr(lib, "llama_max_parallel_sequences"):
+            limit = int(lib.llama_max_parallel_sequences())
+        if not 1 <= max_rows <= limit:
+            raise AnydraftError(f"a llama.cpp batch holds 1 to {limit} rows (got max_rows={max_rows})")
+        self._lib, self._owner, self.max_rows = lib, model, max_rows
+        self.vocab_size, self.max_length = model.vocab_size, model.max_length
+        self.cells = cells or max_rows * model.max_length
+        self._context = _Context(model, max_rows, self.cells)
+        # llama.cpp lowers its batch to a pool smaller than BATCH, and aborts on a longer one
+        self._chunk = int(lib.llama_n_batch(self._context.ctx))
+        self._rows: dict[int, _Row] = {}
+
+    def add_row(self) -> int:
+        if len(self._rows) >= self.max_rows:
+            raise full(self.max_rows)
+        row = min(set(range(self.max_rows)) - set(self._rows))
+        self._rows[row] = _Row(self.max_length)
+        return row
+
+    def remove_row(self, row: int) -> None:
+        if self._rows.pop(row, None) is not None:
+            self._lib.llama_memory_seq_rm(self._context.memory, row, -1, -1)  # all of it: never fails
+
+    def length(self, row: int) -> int:
+        return self._rows[row].length
+
+    def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
+        lib, ctx, batch = self._lib, self._context.ctx, self._context.batch
+        out, tokens = {}, []  # tokens: (row, id, position, logits index or -1), in decode order
+        for row, ids in feeds.items():
+            state = self._rows[row]
+            wanted = rows_to_return(state, ids, rows[row])
+            out[row] = np.empty((wanted, self.vocab_size), dtype=np.float32)
+            first = len(ids) - wanted
+            tokens += [(row, token, state.length + i, i - first) for i, token in enumerate(ids)]
+        # chunks keep each row's tokens in order, so every row's positions stay consecutive
+        for start in range(0, len(tokens), self._chunk):
+            chunk = tokens[start:start + self._chunk]
+            for j, (row, token, pos, k) in enumerate(chunk):
+                batch.token[j] = token
+                batch.pos[j] = pos
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = row
+                batch.logits[j] = k >= 0
+            batch.n_tokens = len(chunk)
+            status = lib.llama_decode(ctx, batch)
+            if status != 0:
+                for row in feeds:  # drop whatever this call left behind, earlier chunks included
+                    lib.llama_memory_seq_rm(self._context.memory, row, self._rows[row].length, -1)
+                room = (f": the KV cache of {self.cells} tokens the rows share is full (give the batch "
+                        "more cells, or fewer rows)") if status == 1 else ""
+                raise AnydraftError(f"llama.cpp decode failed (status {status}){room}")
+            for j, (row, _, _, k) in enumerate(chunk):
+                if k >= 0:
+                    logits = lib.llama_get_logits_ith(ctx, j)
+                    out[row][k] = np.ctypeslib.as_array(logits, shape=(self.vocab_size,))
+        for row, ids in feeds.items():
+            self._rows[row].length += len(ids)
+        return {row: torch.from_numpy(logits) for row, logits in out.items()}
+
+    def rollback(self, row: int, n: int) -> None:
+        state = self._rows[row]
+        assert 0 <= n <= state.length, (n, state.length)
+        if not self._lib.llama_memory_seq_rm(self._context.memory, row, n, -1):
+            raise AnydraftError(f"llama.cpp could not roll the cache of {self._owner.name} back "
+                                f"to {n} tokens: {ROLLBACK_HELP}")
+        state.length = n
+
+    def __del__(self):
+        context = getattr(self, "_context", None)
+        if context is not None:
+            context.free()
             self._context = None
 
 
