@@ -57,12 +57,16 @@ class LoadedModel:
 
     def new_batch(self, max_rows: int):
         """A `BatchSession` (models/batch.py) of up to ``max_rows`` sequences of this model:
-        llama.cpp scores all rows in one call (`LlamaCppBatch`); the other backends run their
-        rows one after another for now (`SerialBatch`)."""
+        llama.cpp (`LlamaCppBatch`) and a transformers model our own cache can hold
+        (`TorchBatch`, models/rows.py) score all rows in one call; any other model runs its
+        rows one after another (`SerialBatch`)."""
         from .batch import SerialBatch
+        from .rows import TorchBatch, batchable
 
         if isinstance(self.model, llamacpp.LlamaCppModel):
             return llamacpp.LlamaCppBatch(self.model, max_rows)
+        if not hasattr(self.model, "new_session") and batchable(self.model):
+            return TorchBatch(self.model, max_rows)
         return SerialBatch(self.new_session, max_rows)
 
     @property

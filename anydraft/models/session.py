@@ -122,6 +122,24 @@ def check_rollback(model) -> None:
         raise AnydraftError(f"{model_name(model)} has {', '.join(sorted(kinds))} layers: {ROLLBACK_HELP}")
 
 
+def fast_path_problem(model) -> str | None:
+    """Why a cache and output layer of our own (a static cache, rows of a batch) cannot run
+    ``model``, or None: they keep every position of full-attention layers only (a sliding
+    window would need its own bookkeeping) and apply the plain output layer (a model that
+    rescales its logits in its own forward pass would be scored wrong)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = model.config.get_text_config(decoder=True)
+    kinds = set(get_layer_types_and_kwargs(config)[0]) - {"full_attention"}
+    if kinds:
+        return f"has {', '.join(sorted(kinds))} layers"
+    scaled = [name for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+              if getattr(config, name, None) not in (None, 1, 1.0)]
+    if scaled:
+        return f"rescales its logits ({', '.join(scaled)})"
+    return None
+
+
 def rows_to_return(session, ids: Sequence[int], rows: int | None) -> int:
     """Check a ``feed`` call against the protocol and the context window; the rows it returns."""
     n = len(ids)

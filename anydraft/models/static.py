@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import AnydraftError
-from .session import context_window, model_name, rows_to_return
+from .session import context_window, fast_path_problem, model_name, rows_to_return
 
 SUFFIX = "+compile"  # appended to a dtype name: the model runs compiled on a static cache
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # token counts compiled; a call is padded up to the next one
@@ -37,19 +37,9 @@ class CompiledModel:
     graphs)."""
 
     def __init__(self, model, max_length: int = MAX_LENGTH):
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
-        kinds = set(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
-        if kinds != {"full_attention"}:
-            raise AnydraftError(
-                f"{model_name(model)} has {', '.join(sorted(kinds - {'full_attention'}))} layers, which "
-                f"a static cache cannot roll back: run it without {SUFFIX}")
-        config = model.config.get_text_config(decoder=True)
-        scaled = [name for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")
-                  if getattr(config, name, None) not in (None, 1, 1.0)]
-        if scaled:  # the head here is the plain output layer: a model that rescales its logits
-            raise AnydraftError(f"{model_name(model)} rescales its logits ({', '.join(scaled)}): "
-                                f"run it without {SUFFIX}")
+        problem = fast_path_problem(model)
+        if problem:
+            raise AnydraftError(f"{model_name(model)} {problem}: run it without {SUFFIX}")
         self.model = model
         self.config = model.config
         self.max_length = min(context_window(model), max_length)

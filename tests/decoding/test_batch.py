@@ -94,3 +94,17 @@ def test_bad_prompt_lists_are_refused(decoders):
             decoders["ar"].generate_batch(bad, 5)
     with pytest.raises(AnydraftError, match="prompt is empty"):
         decoders["ar"].generate_batch(["abc", "  "], 5, chat=False)
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_one_forward_pass_for_all_rows_gives_the_same(decoders, method):
+    """The tiny torch target's own batch (`TorchBatch`: one forward pass, rows padded) against
+    each prompt alone, greedy and seeded sampling."""
+    from anydraft.models.rows import TorchBatch
+
+    decoder = decoders[method]
+    assert isinstance(decoder.target.new_batch(2), TorchBatch)
+    for sampling in ({}, {"temperature": 1.0, "seed": 5}):
+        outs = decoder.generate_batch(PROMPTS, 20, chat=False, **sampling)
+        for prompt, out in zip(PROMPTS, outs, strict=True):
+            assert out.token_ids == decoder.generate(prompt, 20, chat=False, **sampling).token_ids
