@@ -198,8 +198,10 @@ class Decoder:
         """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
         step scores every unfinished prompt's candidates in one target call where the target's
         backend batches (models/batch.py; others run the rows one after another), and a
-        prompt that finishes leaves at once. Each output is exactly what `generate` gives for
-        its prompt alone: greedy token for token, sampling in distribution."""
+        prompt that finishes leaves at once. Each output is what `generate` gives for its
+        prompt alone: greedy token for token with a float32 torch target (a bfloat16 or
+        llama.cpp target can round a near tie differently in a batch), sampling in
+        distribution (and draw for draw at a fixed draft length)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise AnydraftError("prompts must be a non-empty list of prompts")
         shortcuts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
