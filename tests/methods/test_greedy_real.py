@@ -115,3 +115,23 @@ def test_auto_with_every_optimisation_on_is_identical_to_plain_greedy(real_model
         assert out.stats["method"] in ("slem+lookup", "tli+lookup")
         drafted += out.stats["drafted"]
     assert drafted > 0
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_batch_of_prompts_is_identical_to_each_alone(real_model, exactness_device):
+    """`generate_batch` on a real pair: the target's rows in one forward pass (`TorchBatch`),
+    prompts of different lengths (code, German, and the short ones of the 135M target's set)
+    decoded together with `auto` as users run it, each identical to its plain greedy output."""
+    from anydraft.models.rows import TorchBatch
+
+    target = "qwen2.5-coder-0.5b"
+    dec = Decoder(target=real_model(target, device=exactness_device), tokenizer=load_tokenizer(target),
+                  drafter=drafter_model(real_model, "smollm2-135m", "llamacpp", exactness_device),
+                  drafter_tokenizer=load_tokenizer("smollm2-135m"))
+    assert isinstance(dec.target.new_batch(2), TorchBatch)
+    prompts = prompts_of(target) + [mixed_prompts()[i] for i in (0, 3)]
+    outs = dec.generate_batch(prompts, max_new_tokens=MAX_NEW)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == plain(dec, target, prompt).token_ids, (out.stats["method"], prompt[:60])
+    assert sum(out.stats["drafted"] for out in outs) > 0
