@@ -89,6 +89,7 @@ class Generation:
         self.eos_ids, self.text, self.finish, self.cancel = eos_ids, text, finish, cancel
         self.row = None  # the method's Row, once `start` read the prompt
         self.generated = 0
+        self._drafted = 0  # the state's drafted count before the step `ready` allowed
         self._start = time.perf_counter()
 
     def start(self) -> bool:
@@ -119,17 +120,19 @@ class Generation:
             self.finish.reason = reason
         else:
             state.budget = self.max_new_tokens - self.generated
+            self._drafted = state.stats.drafted
             return True
         self.close()
         return False
 
-    def absorb(self, new: list[int], n_accepted: int, offered: int) -> list[int]:
+    def absorb(self, new: list[int], n_accepted: int) -> list[int]:
         """Commit what a step produced up to the first stop condition; the tokens kept.
 
         Tokens after a stop condition within one step are discarded (the target saw them only
         as unverified candidates, or as tokens nobody asked for)."""
         assert new, f"method {self.method.name} committed nothing"
         stats, kept = self.state.stats, []
+        offered = stats.drafted - self._drafted  # draft tokens the step offered the target
         for token in new[: self.max_new_tokens - self.generated]:
             kept.append(token)
             if token in self.eos_ids:
@@ -175,9 +178,7 @@ def decode(
     if not generation.start():
         return
     while generation.ready():
-        offered = state.stats.drafted
-        new, n_accepted = step([generation.row])[0]
-        yield generation.absorb(new, n_accepted, state.stats.drafted - offered)
+        yield generation.absorb(*step([generation.row])[0])
     generation.close()
 
 
@@ -187,6 +188,5 @@ def decode_batch(generations: list[Generation]) -> None:
     A generation leaves as soon as it finishes; the others go on."""
     active = [g for g in generations if g.start()]
     while active := [g for g in active if g.ready()]:
-        offered = [g.state.stats.drafted for g in active]
-        for g, before, (new, n_accepted) in zip(active, offered, step([g.row for g in active]), strict=True):
-            g.absorb(new, n_accepted, g.state.stats.drafted - before)
+        for g, (new, n_accepted) in zip(active, step([g.row for g in active]), strict=True):
+            g.absorb(new, n_accepted)

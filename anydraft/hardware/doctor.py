@@ -12,6 +12,11 @@ LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
 LLAMACPP_COPY = "llama.cpp copy"
 
 
+def copy_path(kind: str) -> str:
+    """The path name doctor prints for a quantized copy (``kind``: q4_0, q8_0)."""
+    return f"{LLAMACPP_COPY} {kind.upper()}"
+
+
 def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | None:
     """The llama.cpp cost curve of a GGUF model (None when llama.cpp cannot run it here)."""
     if not profile.llamacpp_runs(spec):
@@ -21,9 +26,9 @@ def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | 
 
 def report(models: dict[str, str], device: str = "auto", progress=None, remeasure: bool = False,
            compile: bool = False, quantize: tuple[str, ...] = ()) -> dict:
-    """Each model's (``{spec: "target" or "drafter"}``) measured curves on every path (``compile``: the compiled torch paths too;
-    ``quantize``: llama.cpp copies of a GGUF model in those weight types, `quantized`) and what
-    ``auto`` chooses from them."""
+    """Each model's (``{spec: "target" or "drafter"}``) measured curves on every path
+    (``compile``: the compiled torch paths too; ``quantize``: llama.cpp copies of a GGUF model
+    in those weight types, `quantized`) and what ``auto`` chooses from them."""
     from ..models.loading import resolve_device
 
     device = resolve_device(device)  # curves are keyed by "cpu" or "cuda", never "auto"
@@ -31,18 +36,18 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
     out = {"machine": machine.lines(), "native_bf16": machine.native_bf16, "device": device,
            "models": {}}
     for spec, role in models.items():
-        paths = profile.torch_paths(spec, device, compile)
-        curves = profile.curves(spec, "torch", paths, device, progress, remeasure)[0]
+        curves = profile.curves(spec, "torch", profile.torch_paths(spec, device, compile), device,
+                                progress, remeasure)[0]
         best = profile.fastest(curves)
         paths = {f"torch {d}": c for d, c in curves.items()}
         llama = _llamacpp_curve(spec, remeasure, progress)
         if llama is not None:
             paths[LLAMACPP] = llama
         as_target, as_drafter = (
-            LLAMACPP if llama and profile.prefer_llamacpp(role, llama, curves[best]) else f"torch {best}"
-            for role in ("target", "drafter"))
+            LLAMACPP if llama and profile.prefer_llamacpp(as_role, llama, curves[best]) else f"torch {best}"
+            for as_role in ("target", "drafter"))
         copies = quantized(spec, quantize, remeasure, progress) if llama is not None else {}
-        paths.update({f"{LLAMACPP_COPY} {kind.upper()}": curve for kind, (_, curve) in copies.items()})
+        paths.update({copy_path(kind): curve for kind, (_, curve) in copies.items()})
         out["models"][spec] = {
             "curves_ms": {path: {m: round(s * 1e3, 2) for m, s in c.items()} for path, c in paths.items()},
             "tokens_per_s": {path: round(profile.rate(c), 2) for path, c in paths.items()},
@@ -62,7 +67,7 @@ def quantized(spec: str, kinds, remeasure: bool, progress) -> dict[str, tuple[st
     copies = {}
     for kind in kinds:
         path = quantize(spec, kind, progress)
-        copies[kind] = path, profile.curves(path, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
+        copies[kind] = path, _llamacpp_curve(path, remeasure, progress)
     return copies
 
 
@@ -74,15 +79,14 @@ def advice(spec: str, m: dict, role: str) -> str:
     auto = m["backend_auto"][role]
     curves = {path: {int(k): v for k, v in c.items()} for path, c in m["curves_ms"].items()}
     faster = [kind for kind in m["copies"]
-              if profile.prefer_llamacpp(role, curves[f"{LLAMACPP_COPY} {kind.upper()}"], curves[auto])]
+              if profile.prefer_llamacpp(role, curves[copy_path(kind)], curves[auto])]
     if not faster:
         return f"no quantized copy of {spec} would beat {auto} as a {role} here"
-    best = max(faster, key=lambda kind: m["tokens_per_s"][f"{LLAMACPP_COPY} {kind.upper()}"]
-               if role == "target" else -curves[f"{LLAMACPP_COPY} {kind.upper()}"][1])
-    copy = curves[f"{LLAMACPP_COPY} {best.upper()}"]
-    gain = (f"{m['tokens_per_s'][f'{LLAMACPP_COPY} {best.upper()}']:.1f} expected tokens/s against "
+    best = max(faster, key=lambda kind: m["tokens_per_s"][copy_path(kind)] if role == "target"
+               else -curves[copy_path(kind)][1])
+    gain = (f"{m['tokens_per_s'][copy_path(best)]:.1f} expected tokens/s against "
             f"{m['tokens_per_s'][auto]:.1f}" if role == "target"
-            else f"{copy[1]:.1f} ms per drafted token against {curves[auto][1]:.1f}")
+            else f"{curves[copy_path(best)][1]:.1f} ms per drafted token against {curves[auto][1]:.1f}")
     what = ("greedy output equals plain decoding of the copy, not of the original" if role == "target"
             else "the output stays exactly the target's; only the acceptance may change")
     return (f"a {best.upper()} copy of {spec} would run as the {role} at {gain} on {auto}: pass "

@@ -200,7 +200,7 @@ class LlamaCppSession:
         return self._length
 
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        n, rows = len(ids), rows_to_return(self, ids, rows)
+        n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
         lib, batch = self._lib, self._batch
         out = np.empty((rows, self.vocab_size), dtype=np.float32)
         first_row = n - rows
@@ -242,16 +242,6 @@ class LlamaCppSession:
             self._context = None
 
 
-class _Row:
-    """A batch row's length, read by `rows_to_return` as it reads a session's."""
-
-    def __init__(self, max_length: int):
-        self.length, self.max_length = 0, max_length
-
-    def __len__(self) -> int:
-        return self.length
-
-
 class LlamaCppBatch:
     """Up to ``max_rows`` sequences of one model in one llama.cpp context, one sequence id per
     row: a `BatchSession` (models/batch.py) whose ``feed_rows`` is ONE ``llama_decode`` (one
@@ -285,13 +275,13 @@ class LlamaCppBatch:
         self._context = _Context(model, max_rows, self.cells)
         # llama.cpp lowers its batch to a pool smaller than BATCH, and aborts on a longer one
         self._chunk = int(lib.llama_n_batch(self._context.ctx))
-        self._rows: dict[int, _Row] = {}
+        self._rows: dict[int, int] = {}  # row -> its length
 
     def add_row(self) -> int:
         if len(self._rows) >= self.max_rows:
             raise full(self.max_rows)
         row = min(set(range(self.max_rows)) - set(self._rows))
-        self._rows[row] = _Row(self.max_length)
+        self._rows[row] = 0
         return row
 
     def remove_row(self, row: int) -> None:
@@ -299,17 +289,17 @@ class LlamaCppBatch:
             self._lib.llama_memory_seq_rm(self._context.memory, row, -1, -1)  # all of it: never fails
 
     def length(self, row: int) -> int:
-        return self._rows[row].length
+        return self._rows[row]
 
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         lib, ctx, batch = self._lib, self._context.ctx, self._context.batch
         out, tokens = {}, []  # tokens: (row, id, position, logits index or -1), in decode order
         for row, ids in feeds.items():
-            state = self._rows[row]
-            wanted = rows_to_return(state, ids, rows[row])
+            length = self._rows[row]
+            wanted = rows_to_return(length, self.max_length, ids, rows[row])
             out[row] = np.empty((wanted, self.vocab_size), dtype=np.float32)
             first = len(ids) - wanted
-            tokens += [(row, token, state.length + i, i - first) for i, token in enumerate(ids)]
+            tokens += [(row, token, length + i, i - first) for i, token in enumerate(ids)]
         # chunks keep each row's tokens in order, so every row's positions stay consecutive
         for start in range(0, len(tokens), self._chunk):
             chunk = tokens[start:start + self._chunk]
@@ -323,7 +313,7 @@ class LlamaCppBatch:
             status = lib.llama_decode(ctx, batch)
             if status != 0:
                 for row in feeds:  # drop whatever this call left behind, earlier chunks included
-                    lib.llama_memory_seq_rm(self._context.memory, row, self._rows[row].length, -1)
+                    lib.llama_memory_seq_rm(self._context.memory, row, self._rows[row], -1)
                 room = (f": the KV cache of {self.cells} tokens the rows share is full (give the batch "
                         "more cells, or fewer rows)") if status == 1 else ""
                 raise AnydraftError(f"llama.cpp decode failed (status {status}){room}")
@@ -332,16 +322,15 @@ class LlamaCppBatch:
                     logits = lib.llama_get_logits_ith(ctx, j)
                     out[row][k] = np.ctypeslib.as_array(logits, shape=(self.vocab_size,))
         for row, ids in feeds.items():
-            self._rows[row].length += len(ids)
+            self._rows[row] += len(ids)
         return {row: torch.from_numpy(logits) for row, logits in out.items()}
 
     def rollback(self, row: int, n: int) -> None:
-        state = self._rows[row]
-        assert 0 <= n <= state.length, (n, state.length)
+        assert 0 <= n <= self._rows[row], (n, self._rows[row])
         if not self._lib.llama_memory_seq_rm(self._context.memory, row, n, -1):
             raise AnydraftError(f"llama.cpp could not roll the cache of {self._owner.name} back "
                                 f"to {n} tokens: {ROLLBACK_HELP}")
-        state.length = n
+        self._rows[row] = n
 
     def __del__(self):
         context = getattr(self, "_context", None)

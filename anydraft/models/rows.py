@@ -21,7 +21,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import AnydraftError
 from .batch import full
-from .session import context_window, fast_path_problem
+from .session import context_window, fast_path_problem, rows_to_return
 
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
 
@@ -126,13 +126,7 @@ class TorchBatch:
     @torch.inference_mode()
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         order = sorted(feeds)
-        for r in order:
-            n = len(feeds[r])
-            assert n > 0 and 0 < rows[r] <= n, (r, n, rows[r])
-            if self.lengths[r] + n > self.max_length:
-                raise AnydraftError(
-                    f"sequence would reach {self.lengths[r] + n} tokens, beyond the model's context "
-                    f"window of {self.max_length}: shorten the prompt or lower max_new_tokens")
+        wanted = {r: rows_to_return(self.lengths[r], self.max_length, feeds[r], rows[r]) for r in order}
         tokens = max(len(feeds[r]) for r in order)
         width = max(self.lengths[r] for r in order) + tokens
         ids = torch.zeros((len(order), tokens), dtype=torch.long)
@@ -154,5 +148,5 @@ class TorchBatch:
         for i, r in enumerate(order):
             n = len(feeds[r])
             self.lengths[r] += n
-            out[r] = self.head(hidden[i, n - rows[r]:n]).float().cpu()
+            out[r] = self.head(hidden[i, n - wanted[r]:n]).float().cpu()
         return out

@@ -73,7 +73,7 @@ class HFSession:
 
     @torch.inference_mode()
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        n, rows = len(ids), rows_to_return(self, ids, rows)
+        n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=rows)
         self._length += n
@@ -140,16 +140,17 @@ def fast_path_problem(model) -> str | None:
     return None
 
 
-def rows_to_return(session, ids: Sequence[int], rows: int | None) -> int:
-    """Check a ``feed`` call against the protocol and the context window; the rows it returns."""
+def rows_to_return(length: int, max_length: int, ids: Sequence[int], rows: int | None) -> int:
+    """Check a ``feed`` of ``ids`` to a sequence of ``length`` tokens (a session, or a row of a
+    batch) against the protocol and the context window; the rows it returns."""
     n = len(ids)
     assert n > 0, "feed needs at least one token"
     rows = n if rows is None else rows
     assert 0 < rows <= n
-    if len(session) + n > session.max_length:
+    if length + n > max_length:
         raise AnydraftError(
-            f"sequence would reach {len(session) + n} tokens, beyond the model's context window "
-            f"of {session.max_length}: shorten the prompt or lower max_new_tokens")
+            f"sequence would reach {length + n} tokens, beyond the model's context window "
+            f"of {max_length}: shorten the prompt or lower max_new_tokens")
     return rows
 
 

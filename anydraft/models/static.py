@@ -101,7 +101,7 @@ class StaticSession:
 
     @torch.inference_mode()
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        n, rows = len(ids), rows_to_return(self, ids, rows)
+        n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
         size = next((b for b in BUCKETS if b >= n), None)
         if size is None or self._length + size > self.max_length:
             body, size = self.compiled.body, n  # a long read: uncompiled, unpadded
