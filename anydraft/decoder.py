@@ -14,25 +14,25 @@ override single fields of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 from . import methods
 from .bridge import token_table
 from .config import DraftConfig, check_method, override
-from .decoding import DecodeState, Finish, Generation, Stats, TextAssembler, decode, decode_batch
+from .decoding import (
+    Batch,
+    DecodeState,
+    Finish,
+    Generation,
+    GenerationOutput,
+    Stats,
+    TextAssembler,
+    decode_batch,
+)
 from .errors import AnydraftError
 from .models.backends import LoadedModel, check_backend, check_target_device, load
-from .models.batch import RowView
+from .models.batch import BatchSession, RowView
 from .models.loading import parse_dtype, resolve_device
 from .sampling import SamplingParams
-
-
-@dataclass
-class GenerationOutput:
-    text: str
-    token_ids: list[int]  # new tokens only (an EOS that ended generation is included)
-    finish_reason: str  # "length" | "eos" | "stop" | "context"
-    stats: dict = field(default_factory=dict)
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -131,15 +131,15 @@ class Decoder:
         return ids
 
     # -- generation ------------------------------------------------------------------------
-    def _run(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts, cancel=None):
-        state, text, finish, method = self._prepare(prompt, max_new_tokens, sampling, chat, stop,
-                                                    method, shortcuts, self.target.new_session)
-        steps = decode(state, method, max_new_tokens, self.eos_ids, text, finish, cancel)
-        return state, text, finish, steps
-
-    def _prepare(self, prompt, max_new_tokens, sampling, chat, stop, method, shortcuts, new_session):
-        """Check one request's arguments; its decoding state (on a session from
-        ``new_session``, taken once all is checked), text assembler, finish and method."""
+    def start(self, prompt, max_new_tokens: int = 128, *, rows: BatchSession | None = None,
+              sampling: SamplingParams | None = None, chat: bool = True,
+              stop: str | Sequence[str] | None = None, method: str | None = None,
+              cancel: Callable[[], str | None] | None = None, **shortcuts) -> Generation:
+        """One request, checked and ready to run in a `Batch` (the entry point of `stream`,
+        `generate_batch` and the server): `generate`'s arguments, plus ``rows``, the
+        `BatchSession` whose row the target runs in (None: a session of its own), and
+        ``cancel``, asked between prompt chunks and before every step (a non-empty answer ends
+        generation with that string as the finish reason). Bad input raises here."""
         method = self.draft.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -151,9 +151,11 @@ class Decoder:
             raise AnydraftError("stop must be a string or a list of strings")
         params = override(sampling or SamplingParams(), **shortcuts)
         ids = self.prompt_ids(prompt, chat)
-        state = DecodeState(new_session(), list(ids), params, params.generator(), Stats())
+        session = self.target.new_session() if rows is None else RowView(rows)
+        state = DecodeState(session, list(ids), params, params.generator(), Stats())
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
-        return state, text, Finish(), self._method_factory(method, params, max_new_tokens)
+        return Generation(state, self._method_factory(method, params, max_new_tokens),
+                          max_new_tokens, self.eos_ids, text, Finish(), cancel)
 
     def generate(
         self,
@@ -204,15 +206,12 @@ class Decoder:
         distribution (and draw for draw at a fixed draft length)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise AnydraftError("prompts must be a non-empty list of prompts")
-        shortcuts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        batch = self.target.new_batch(len(prompts))
-        runs = [self._prepare(prompt, max_new_tokens, sampling, chat, stop, method, shortcuts,
-                              lambda: RowView(batch)) for prompt in prompts]
-        generations = [Generation(state, proposer, max_new_tokens, self.eos_ids, text, finish)
-                       for state, text, finish, proposer in runs]
+        rows = self.target.new_batch(len(prompts))
+        generations = [self.start(prompt, max_new_tokens, rows=rows, sampling=sampling, chat=chat,
+                                  stop=stop, method=method, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, min_p=min_p, seed=seed) for prompt in prompts]
         decode_batch(generations)
-        return [GenerationOutput(text.finish(), state.committed[state.stats.prompt_tokens:],
-                                 finish.reason, state.stats.as_dict()) for state, text, finish, _ in runs]
+        return [g.result()[1] for g in generations]
 
     def stream(
         self,
@@ -238,32 +237,30 @@ class Decoder:
         ``cancel`` (for servers) is asked between prompt chunks and before every step; a
         non-empty answer ends the stream with that string as the finish reason.
         """
-        shortcuts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        return TextStream(*self._run(prompt, max_new_tokens, sampling, chat, stop, method, shortcuts,
-                                     cancel))
+        return TextStream(self.start(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
+                                     method=method, cancel=cancel, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
 
 
 class TextStream:
     """Iterate for text deltas; ``output`` is the `GenerationOutput` once iteration ends."""
 
-    def __init__(self, state, text, finish, steps):
-        self._state, self._text, self._finish, self._steps = state, text, finish, steps
+    def __init__(self, generation: Generation):
+        self.generation = generation
         self.output: GenerationOutput | None = None
 
     @property
     def prompt_tokens(self) -> int:
         """Length of the tokenized prompt (known before iteration starts)."""
-        return self._state.stats.prompt_tokens or len(self._state.committed)
+        return self.generation.prompt_tokens
 
     def __iter__(self) -> Iterator[str]:
-        tokens: list[int] = []
-        for chunk in self._steps:
-            tokens.extend(chunk)
-            delta = self._text.delta()
-            if delta:
+        batch = Batch()
+        batch.join(self.generation)
+        while batch:
+            batch.run_once()
+            if delta := self.generation.delta():
                 yield delta
-        text = self._text.finish()
-        tail = self._text.delta(final=True)
+        tail, self.output = self.generation.result()
         if tail:
             yield tail
-        self.output = GenerationOutput(text, tokens, self._finish.reason, self._state.stats.as_dict())

@@ -1,5 +1,6 @@
-from .loop import DecodeState, Finish, Generation, decode, decode_batch
+from .loop import Batch, DecodeState, Finish, Generation, GenerationOutput, decode_batch
 from .stats import Stats
 from .text import TextAssembler
 
-__all__ = ["DecodeState", "Finish", "Generation", "Stats", "TextAssembler", "decode", "decode_batch"]
+__all__ = ["Batch", "DecodeState", "Finish", "Generation", "GenerationOutput", "Stats", "TextAssembler",
+           "decode_batch"]

@@ -11,7 +11,7 @@ context window), streaming and the statistics.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +62,14 @@ class DecodeState:
 
 
 @dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]  # new tokens only (an EOS that ended generation is included)
+    finish_reason: str  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
 class Finish:
     reason: str = "length"  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
 
@@ -79,16 +87,19 @@ def prefill(state: DecodeState, cancel: Callable[[], str | None], chunk: int = P
 
 
 class Generation:
-    """One request's decoding: its state, its method's `Row`, the stopping rules and the
-    statistics. `decode` runs one generation; `decode_batch` steps several together, so that
-    one target call can score them all (issue 21)."""
+    """One request's decoding: its state, its method's `Row`, the stopping rules, the text and
+    the statistics. A `Batch` runs it, alone or beside others (one target call then scores
+    them all, issue 21): `start`, then while `ready`: one step and `absorb`; `delta` hands out
+    new text as it comes, `result` the whole output once `done`."""
 
     def __init__(self, state: DecodeState, method, max_new_tokens: int, eos_ids: frozenset[int],
                  text: TextAssembler, finish: Finish, cancel: Callable[[], str | None] | None = None):
         self.state, self.method, self.max_new_tokens = state, method, max_new_tokens
         self.eos_ids, self.text, self.finish, self.cancel = eos_ids, text, finish, cancel
         self.row = None  # the method's Row, once `start` read the prompt
+        self.prompt_tokens = len(state.committed)
         self.generated = 0
+        self.done = False
         self._drafted = 0  # the state's drafted count before the step `ready` allowed
         self._start = time.perf_counter()
 
@@ -103,6 +114,7 @@ class Generation:
         if self.cancel is not None and (reason := prefill(state, self.cancel)):
             self.finish.reason = reason
             self.close()
+            self.done = True
             return False
         self.row = self.method.start(state)
         return True
@@ -112,6 +124,8 @@ class Generation:
         context window, nothing cancelled); when not, the finish reason is set and the clock
         stopped."""
         state = self.state
+        if self.done:
+            return False
         if self.generated >= self.max_new_tokens or self.finish.reason in ("eos", "stop"):
             pass
         elif len(state.committed) >= state.target.max_length:
@@ -123,6 +137,7 @@ class Generation:
             self._drafted = state.stats.drafted
             return True
         self.close()
+        self.done = True
         return False
 
     def absorb(self, new: list[int], n_accepted: int) -> list[int]:
@@ -158,35 +173,70 @@ class Generation:
     def close(self) -> None:
         self.state.stats.seconds = time.perf_counter() - self._start
 
+    def leave(self) -> None:
+        """Free the target's row or cache now (a batch's row goes to the next request)."""
+        close = getattr(self.state.target, "close", None)
+        if close is not None:
+            close()
 
-def decode(
-    state: DecodeState,
-    method,
-    max_new_tokens: int,
-    eos_ids: frozenset[int],
-    text: TextAssembler,
-    finish: Finish,
-    cancel: Callable[[], str | None] | None = None,
-) -> Iterator[list[int]]:
-    """Run ``method`` until a stop condition; yield the tokens each step commits.
+    def delta(self) -> str:
+        """New text since the last call (never half a UTF-8 character or a possible stop string)."""
+        return self.text.delta()
 
-    ``cancel`` (a server's client gone, its deadline passed) is asked between prompt chunks
-    and before every step, whether or not the last step produced text; a non-empty answer
-    ends generation with that finish reason.
-    """
-    generation = Generation(state, method, max_new_tokens, eos_ids, text, finish, cancel)
-    if not generation.start():
-        return
-    while generation.ready():
-        yield generation.absorb(*step([generation.row])[0])
-    generation.close()
+    def result(self) -> tuple[str, GenerationOutput]:
+        """Once done: the text not yet handed out by `delta`, and the whole output."""
+        text = self.text.finish()
+        tail = self.text.delta(final=True)
+        return tail, GenerationOutput(text, self.state.committed[self.prompt_tokens:],
+                                      self.finish.reason, self.state.stats.as_dict())
+
+
+class Batch:
+    """Generations stepping together (continuous batching, issue 21): each `run_once` starts the
+    generations that joined since the last one (reading their prompts), then runs ONE step of
+    every unfinished generation, in which the rows whose targets are rows of one `BatchSession`
+    are scored in one target call (`step.step`). A generation joins whenever it likes and
+    leaves as soon as it finishes or is cancelled; its target row is freed then."""
+
+    def __init__(self):
+        self.joining: list[Generation] = []
+        self.active: list[Generation] = []
+
+    def __len__(self) -> int:
+        return len(self.joining) + len(self.active)
+
+    def join(self, generation: Generation) -> None:
+        self.joining.append(generation)
+
+    def run_once(self) -> list[tuple[Generation, bool]]:
+        """One step of the batch: each generation that made news, with whether it is done."""
+        news = [(g, True) for g in self.joining if not g.start()]
+        self.active += [g for g in self.joining if g.row is not None]
+        self.joining = []
+        news += [(g, True) for g in self.active if not g.ready()]
+        self.active = [g for g in self.active if g.row is not None and not g.done]
+        if self.active:
+            for g, (new, n_accepted) in zip(self.active, step([g.row for g in self.active]), strict=True):
+                g.absorb(new, n_accepted)
+                news.append((g, not g.ready()))  # finished: reported now, not a step later
+            self.active = [g for g in self.active if not g.done]
+        for g, done in news:
+            if done:
+                g.leave()
+        return news
+
+    def clear(self) -> list[Generation]:
+        """Drop every generation (after a failed step), freeing their rows; the dropped ones."""
+        dropped, self.joining, self.active = self.joining + self.active, [], []
+        for g in dropped:
+            g.leave()
+        return dropped
 
 
 def decode_batch(generations: list[Generation]) -> None:
-    """Run every generation to its end, stepping the unfinished ones together: the rows of
-    one step whose targets are rows of one batch are scored in one call (`step.step`).
-    A generation leaves as soon as it finishes; the others go on."""
-    active = [g for g in generations if g.start()]
-    while active := [g for g in active if g.ready()]:
-        for g, (new, n_accepted) in zip(active, step([g.row for g in active]), strict=True):
-            g.absorb(new, n_accepted)
+    """Run every generation to its end, stepping the unfinished ones together."""
+    batch = Batch()
+    for g in generations:
+        batch.join(g)
+    while batch:
+        batch.run_once()

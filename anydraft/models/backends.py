@@ -61,13 +61,21 @@ class LoadedModel:
         (`TorchBatch`, models/rows.py) score all rows in one call; any other model runs its
         rows one after another (`SerialBatch`)."""
         from .batch import SerialBatch
-        from .rows import TorchBatch, batchable
+        from .rows import TorchBatch
 
+        if not self.batches:
+            return SerialBatch(self.new_session, max_rows)
         if isinstance(self.model, llamacpp.LlamaCppModel):
             return llamacpp.LlamaCppBatch(self.model, max_rows)
-        if not hasattr(self.model, "new_session") and batchable(self.model):
-            return TorchBatch(self.model, max_rows)
-        return SerialBatch(self.new_session, max_rows)
+        return TorchBatch(self.model, max_rows)
+
+    @property
+    def batches(self) -> bool:
+        """Whether `new_batch` scores all its rows in one call (not one after another)."""
+        from .rows import batchable
+
+        return isinstance(self.model, llamacpp.LlamaCppModel) or (
+            not hasattr(self.model, "new_session") and batchable(self.model))
 
     @property
     def logits_width(self) -> int:

@@ -36,7 +36,7 @@ from ..errors import AnydraftError
 from ..sampling import SamplingParams
 from .cli import is_loopback
 from .metrics import Metrics
-from .scheduler import Job, QueueFull, Scheduler, SchedulerClosed
+from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("anydraft.server")
@@ -56,6 +56,7 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 64
     max_queued_per_client: int | None = None  # None: scheduler.fair_share(max_queue)
+    max_batch: int = 1  # generations each worker runs together (continuous batching)
     max_body_bytes: int = 2 * 2**20
     body_timeout: float = 30.0  # seconds to receive a whole request body (slow uploads: 408)
     request_timeout: float | None = None  # wall-clock seconds per request, from its arrival
@@ -125,10 +126,6 @@ class ApiError(Exception):
 
 class ClientGone(Exception):
     """The client disconnected; nothing more can be sent."""
-
-
-class DecodingFailed(Exception):
-    """An exception raised while decoding: ours (a backend, a bug), never the client's."""
 
 
 def internal_error(exc: BaseException, what: str = "generation failed") -> ApiError:
@@ -318,7 +315,7 @@ class Gate:
 
 def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     """The app serving ``decoders`` (one worker thread each; they should share one model)."""
-    scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client)
+    scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client, config.max_batch)
     metrics = Metrics(scheduler, model=config.model_id)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
@@ -401,35 +398,20 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
                       stop=req.stop_list)
 
-        def work(decoder, job: Job):
-            try:  # what fails here is the request's fault: the decoder validates eagerly
-                stream = decoder.stream(prompt, cancel=job.stop_reason, **kwargs)
-                limit = config.max_prompt_tokens
-                if limit is not None and stream.prompt_tokens > limit:
-                    raise ApiError(400, f"prompt has {stream.prompt_tokens} tokens; this server "
-                                        f"takes at most {limit}: shorten it", param=prompt_param,
-                                   code="context_length_exceeded")
-            except Exception as exc:  # noqa: BLE001 - reported to the client as 4xx/5xx
-                job.emit("error", exc)
-                return
-            job.emit("started")
-            deltas = iter(stream)
-            try:
-                for delta in deltas:
-                    job.emit("delta", delta)
-            except Exception as exc:  # noqa: BLE001 - ours, not the request's: a 500
-                raise DecodingFailed() from exc
-            finally:
-                deltas.close()
-            if stream.output.finish_reason == "cancelled":
-                job.emit("cancelled")
-            else:
-                job.emit("done", stream.output)
+        def start(decoder, rows, job: Job):  # what fails here is the request's fault
+            generation = decoder.start(prompt, rows=rows, cancel=job.stop_reason, **kwargs)
+            limit = config.max_prompt_tokens
+            if limit is not None and generation.prompt_tokens > limit:
+                generation.leave()
+                raise ApiError(400, f"prompt has {generation.prompt_tokens} tokens; this server "
+                                    f"takes at most {limit}: shorten it", param=prompt_param,
+                               code="context_length_exceeded")
+            return generation
 
         client = client_of(request.scope, config.trusted_proxies)
         arrived = request.scope.get("state", {}).get("arrived", time.perf_counter())
         deadline = arrived + config.request_timeout if config.request_timeout else None
-        job = Job(work, asyncio.get_running_loop(), client=client, deadline=deadline)
+        job = Job(start, asyncio.get_running_loop(), client=client, deadline=deadline)
         try:
             scheduler.submit(job)
         except QueueFull as exc:
@@ -594,13 +576,14 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             "owned_by": config.owned_by,
             "anydraft": {"target": public_name(dec0.target.name),
                          "drafter": public_name(drafter.name) if drafter else None,
-                         "method": dec0.draft.method, "context_window": ctx, "workers": len(decoders)},
+                         "method": dec0.draft.method, "context_window": ctx, "workers": len(decoders),
+                         "max_batch": config.max_batch},
         }]}
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return {"status": "ok", "model": config.model_id, "waiting": scheduler.waiting,
-                "active": scheduler.active, "workers": len(decoders)}
+                "active": scheduler.active, "workers": len(decoders), "max_batch": config.max_batch}
 
     @app.get("/metrics")
     async def prometheus():

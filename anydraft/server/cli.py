@@ -21,6 +21,12 @@ def register(sub) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-concurrency", type=int, default=1,
                    help="generations running at once (one worker thread each, sharing the weights)")
+    s.add_argument("--max-batch", type=_batch, default="auto",
+                   help="generations each worker runs together, their candidates scored in one "
+                        "target call (continuous batching); 'auto' (default): the most rows "
+                        "whose call costs at most 1.5x one row's, from the target's measured "
+                        "cost curve (1 where scoring more tokens costs proportionally more, and "
+                        "with --max-concurrency above 1)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a worker; more get 429 with Retry-After")
     s.add_argument("--max-queued-per-client", type=int, default=None,
@@ -50,6 +56,18 @@ def register(sub) -> None:
     s.add_argument("--max-body-bytes", type=int, default=2 * 2**20)
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=cmd_serve)
+
+
+def _batch(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 1, got {text!r}")
+    return value
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -104,15 +122,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AnydraftError(
             f"anydraft serve needs the server extra ({exc.name} is missing): "
             "pip install 'anydraft[server]'") from exc
-    from .workers import build_decoders
+    from .workers import build_decoders, choose_max_batch
 
     decoders = build_decoders(args)
+    max_batch = choose_max_batch(decoders[0], args)
     allowed_hosts = args.allowed_hosts
     if allowed_hosts is None and not is_loopback(args.host):
         allowed_hosts = ("*",)  # reachable by name from elsewhere: any Host may be right
     config = ServerConfig(
         model_id=args.served_model_name or public_name(args.target), api_key=api_key,
-        max_queue=args.max_queue, max_queued_per_client=args.max_queued_per_client,
+        max_queue=args.max_queue, max_queued_per_client=args.max_queued_per_client, max_batch=max_batch,
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
         request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
         trusted_proxies=proxies,
@@ -120,7 +139,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors_origins))
     app = create_app(decoders, config)
     print(f"anydraft: serving {config.model_id!r} (method {decoders[0].draft.method}, "
-          f"{len(decoders)} worker{'s' if len(decoders) > 1 else ''}) on "
+          f"{len(decoders)} worker{'s' if len(decoders) > 1 else ''} of up to {max_batch} "
+          f"row{'s' if max_batch > 1 else ''}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     # proxy headers are read by the app, and only from --trusted-proxies: uvicorn's own
     # default would believe any X-Forwarded-For sent from 127.0.0.1

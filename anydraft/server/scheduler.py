@@ -1,12 +1,16 @@
-"""One generation at a time per `Decoder`: a bounded, fair queue feeding worker threads.
+"""Up to ``max_batch`` generations at a time per `Decoder`: a bounded, fair queue feeding
+worker threads.
 
 A `Decoder` is CPU-bound and not thread-safe, so each worker thread owns one. Jobs wait in
 per-client FIFOs that are served round-robin, so one client sending many requests cannot
 starve another, and each client may hold only a share of the waiting room, so one client
-cannot fill it either. The worker reports back to the event loop through the job's asyncio
-queue; the handler sets `job.cancelled` when its client goes away, and the decoding loop asks
-`job.stop_reason` between prompt chunks and before every step, so the worker is free again
-within one chunk or step.
+cannot fill it either. A worker runs its jobs' generations together in one `Batch`
+(continuous batching, issue 21): between two steps it takes waiting jobs while it has free
+rows, and a job leaves the batch as soon as its generation ends; each step scores every row's
+candidates in one target call where the backend batches (models/batch.py). The worker reports
+back to the event loop through the job's asyncio queue; the handler sets `job.cancelled` when
+its client goes away, and the decoding loop asks `job.stop_reason` between prompt chunks and
+before every step, so the row is free again within one chunk or step.
 """
 
 from __future__ import annotations
@@ -39,11 +43,17 @@ class SchedulerClosed(Exception):
     pass
 
 
+class DecodingFailed(Exception):
+    """A step failed after the request was accepted: the server's fault (500), not the request's."""
+
+
 @dataclass(eq=False)
 class Job:
-    """One request's generation. ``work(decoder, job)`` runs in a worker thread."""
+    """One request's generation. ``start(decoder, rows, job)`` runs in a worker thread and
+    returns the request's `Generation` (on a row of ``rows``, a `BatchSession`, or on its own
+    session when None); what it raises is the request's fault."""
 
-    work: Callable
+    start: Callable
     loop: asyncio.AbstractEventLoop
     client: str = "-"
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -70,10 +80,14 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, decoders: list, max_queue: int, max_per_client: int | None = None):
+    def __init__(self, decoders: list, max_queue: int, max_per_client: int | None = None,
+                 max_batch: int = 1):
         if not decoders:
             raise ValueError("need at least one decoder")
-        self.decoders = decoders
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.decoders, self.max_batch = decoders, max_batch
+        self.rows = len(decoders) * max_batch  # generations that can run at once
         self.max_queue = max_queue
         self.max_per_client = fair_share(max_queue) if max_per_client is None else max_per_client
         self._cond = threading.Condition()
@@ -119,11 +133,11 @@ class Scheduler:
             if self._closed:
                 raise SchedulerClosed("server is shutting down")
             queued = len(self._queues.get(job.client, ()))
-            busy = self._waiting + self._active >= len(self.decoders)
-            full = self._waiting + self._active >= self.max_queue + len(self.decoders)
+            busy = self._waiting + self._active >= self.rows
+            full = self._waiting + self._active >= self.max_queue + self.rows
             if full or (busy and queued >= self.max_per_client):
-                # jobs ahead of a retry, spread over the workers, at the mean job duration
-                ahead = (self._waiting + 1) / len(self.decoders)
+                # jobs ahead of a retry, spread over the rows, at the mean job duration
+                ahead = (self._waiting + 1) / self.rows
                 raise QueueFull(max(1, min(60, math.ceil(ahead * self._mean_seconds))),
                                 per_client=not full)
             self._queues.setdefault(job.client, deque()).append(job)
@@ -151,23 +165,67 @@ class Scheduler:
         return job
 
     def _worker(self, decoder) -> None:
+        from ..decoding import Batch
+
+        # a batch of one runs on a session of its own: exactly the path of `Decoder.generate`
+        rows = decoder.target.new_batch(self.max_batch) if self.max_batch > 1 else None
+        batch, jobs = Batch(), {}
         while True:
             with self._cond:
-                while not self._closed and not self._waiting:
+                while not self._closed and not self._waiting and not batch:
                     self._cond.wait()
                 if self._closed:
+                    for job in jobs.values():
+                        job.cancelled.set()
+                        job.emit("error", SchedulerClosed("server is shutting down"))
                     return
-                job = self._next_job()
-                self._active += 1
-            start = time.perf_counter()
+                taken = []
+                while self._waiting and len(batch) + len(taken) < self.max_batch:
+                    taken.append(self._next_job())
+                    self._active += 1
+            for job in taken:
+                self._begin(decoder, rows, job, batch, jobs)
+            if not batch:
+                continue
             try:
-                if not job.cancelled.is_set():
-                    job.started_at = start
-                    job.work(decoder, job)
-            except BaseException as exc:  # noqa: BLE001 - a job must never take the worker down
-                job.emit("error", exc)
-            finally:
-                elapsed = time.perf_counter() - start
-                with self._cond:
-                    self._active -= 1
-                    self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+                news = batch.run_once()
+            except BaseException as exc:  # noqa: BLE001 - a step must never take the worker down
+                # the shared call failed: every row of it fails, and the batch starts afresh
+                for generation in batch.clear():
+                    self._end(jobs.pop(generation), "error", DecodingFailed(str(exc)))
+                rows = decoder.target.new_batch(self.max_batch) if self.max_batch > 1 else None
+                continue
+            for generation, done in news:
+                job = jobs[generation]
+                delta, output = generation.delta(), None
+                if done:
+                    tail, output = generation.result()
+                    delta += tail
+                if delta:
+                    job.emit("delta", delta)
+                if done:
+                    del jobs[generation]
+                    self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
+
+    def _begin(self, decoder, rows, job: Job, batch, jobs: dict) -> None:
+        """Start ``job``'s generation in ``batch`` (or report why not)."""
+        job.started_at = time.perf_counter()
+        if job.cancelled.is_set():
+            return self._end(job, None)
+        try:
+            generation = job.start(decoder, rows, job)
+        except BaseException as exc:  # noqa: BLE001 - the request's fault, reported to its client
+            return self._end(job, "error", exc)
+        job.emit("started")
+        jobs[generation] = job
+        batch.join(generation)
+
+    def _end(self, job: Job, kind: str | None, payload=None) -> None:
+        """``job`` has left its worker: tell its client how (``kind``: None, nobody is
+        listening), and free its place."""
+        if kind is not None:
+            job.emit(kind, payload)
+        elapsed = time.perf_counter() - job.started_at
+        with self._cond:
+            self._active -= 1
+            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed

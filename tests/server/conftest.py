@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def _servers(model_dir, tmp_path_factory):
-    """Both servers start together, so their ~5 s start-ups overlap."""
+    """The servers start together, so their ~5 s start-ups overlap."""
     logs = tmp_path_factory.mktemp("server-logs")
     # main: two workers sharing the weights; a roomy queue that one client may fill (16 at once)
     main = Server(model_dir, logs / "main.log", "--max-concurrency", "2", "--max-queue", "32",
@@ -38,15 +38,20 @@ def _servers(model_dir, tmp_path_factory):
     # `auto` picks sd and greedy drafts are always accepted; --fixed-k, since adaptive drafting
     # would rightly decode plainly with a drafter as slow as the target)
     small = Server(model_dir, logs / "small.log", "--max-concurrency", "1", "--max-queue", "1",
-                   "--drafter", str(model_dir), "--fixed-k", api_key=API_KEY)
+                   "--max-batch", "1", "--drafter", str(model_dir), "--fixed-k", api_key=API_KEY)
+    # batched: one worker running up to 4 generations together (continuous batching), drafting
+    batched = Server(model_dir, logs / "batched.log", "--max-concurrency", "1", "--max-batch", "4",
+                     "--max-queue", "32", "--max-queued-per-client", "32",
+                     "--drafter", str(model_dir), "--fixed-k")
+    servers = (main, small, batched)
     try:
-        main.wait_ready()
-        small.wait_ready()
-        yield main, small
+        for srv in servers:
+            srv.wait_ready()
+        yield servers
     finally:
-        main.stop()
-        small.stop()
-    for srv in (main, small):  # no request may have crashed anything inside the server
+        for srv in servers:
+            srv.stop()
+    for srv in servers:  # no request may have crashed anything inside the server
         assert "Traceback" not in srv.log(), srv.log()
 
 
@@ -58,6 +63,11 @@ def server(_servers) -> Server:
 @pytest.fixture(scope="session")
 def small_server(_servers) -> Server:
     return _servers[1]
+
+
+@pytest.fixture(scope="session")
+def batched_server(_servers) -> Server:
+    return _servers[2]
 
 
 @pytest.fixture(scope="session")

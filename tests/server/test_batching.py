@@ -1,0 +1,85 @@
+"""Continuous batching in the server (issue 21): one worker runs up to ``--max-batch``
+generations together, each exactly what plain decoding gives alone."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from tests.server.conftest import MODEL_ID, wait_for
+
+PROMPTS = ["the quick brown fox", "hello", "a much longer prompt than the others, " * 8,
+           "count: 1 2 3", "zebra", "lorem ipsum dolor", "x", "why is the sky blue?"]
+
+
+def stream(base: str, prompt: str, max_tokens: int, chunks: list | None = None) -> str:
+    """A streamed greedy completion's text; each content chunk is appended to ``chunks``."""
+    body = {"model": MODEL_ID, "prompt": prompt, "temperature": 0, "max_tokens": max_tokens,
+            "stream": True}
+    text = []
+    with httpx.Client(timeout=120) as http, http.stream("POST", base + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                piece = json.loads(line[6:])["choices"][0]["text"]
+                text.append(piece)
+                if chunks is not None and piece:
+                    chunks.append(piece)
+    return "".join(text)
+
+
+def test_health_reports_max_batch(batched_server, server):
+    assert httpx.get(batched_server.base + "/health").json()["max_batch"] == 4
+    # auto: two workers share the cores, so each runs one generation at a time
+    assert httpx.get(server.base + "/health").json()["max_batch"] == 1
+
+
+def test_rows_of_one_batch_equal_plain_decoding(batched_server, decoder):
+    """8 concurrent requests (prompts of 1 to ~300 tokens, lengths 5 to 40, so rows join and
+    leave at different steps) through 4 rows: each equals plain greedy decoding alone."""
+    lengths = [5 + 5 * i for i in range(len(PROMPTS))]
+    refs = [decoder.generate(p, max_new_tokens=n, temperature=0.0, chat=False).text
+            for p, n in zip(PROMPTS, lengths, strict=True)]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        outs = list(pool.map(lambda i: stream(batched_server.base, PROMPTS[i], lengths[i]),
+                             range(len(PROMPTS))))
+    assert outs == refs
+
+
+def test_generations_run_together_and_a_cancelled_row_leaves(batched_server, decoder):
+    """One worker, 3 long streams: all three stream at once (not one after another); one
+    client hangs up and its row is freed at the next step, while the other two go on to
+    output equal to plain decoding alone."""
+    n = 300
+    refs = {p: decoder.generate(p, max_new_tokens=n, temperature=0.0, chat=False).text
+            for p in PROMPTS[:2]}
+    chunks = {p: [] for p in PROMPTS[:3]}
+    outs = {}
+
+    def full(prompt):
+        outs[prompt] = stream(batched_server.base, prompt, n, chunks[prompt])
+
+    threads = [threading.Thread(target=full, args=(p,)) for p in PROMPTS[:2]]
+    for t in threads:
+        t.start()
+    body = {"model": MODEL_ID, "prompt": PROMPTS[2], "temperature": 0, "max_tokens": 4000,
+            "stream": True}
+    with httpx.Client(timeout=60) as http, http.stream("POST", batched_server.base + "/v1/completions",
+                                                        json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
+                chunks[PROMPTS[2]].append(line)
+            if all(chunks.values()):
+                break
+        # all three have streamed while the first two are still running: they run together
+        # (one generation at a time would start this one only after both ended)
+        assert all(chunks.values()) and all(t.is_alive() for t in threads)
+    # the hung-up row leaves; the worker then holds only the two others
+    wait_for(lambda: httpx.get(batched_server.base + "/health").json()["active"] <= 2,
+             what="the cancelled row to leave")
+    for t in threads:
+        t.join(120)
+    assert outs == refs
