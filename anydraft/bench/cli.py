@@ -9,6 +9,7 @@ import sys
 
 from ..options import add_draft_options, add_sampling_options, draft_config, sampling_params
 from ..sampling import SamplingParams
+from . import serve
 
 HELP = """Benchmark methods side by side on one target: AR, then each method per prompt
 (interleaved, after a warm-up), median over --repeats; with several backends, every (target
@@ -18,7 +19,7 @@ output differs from AR (a correctness alarm)."""
 
 
 def register(sub) -> None:
-    """Add the `bench` subcommand to ``sub`` (the subparsers of `anydraft`)."""
+    """Add the `bench` and `bench-serve` subcommands to ``sub`` (the subparsers of `anydraft`)."""
     b = sub.add_parser("bench", help="benchmark methods side by side (tables, plots, bound)",
                        description=HELP)
     b.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
@@ -56,6 +57,7 @@ def register(sub) -> None:
     b.add_argument("--json", action="store_true",
                    help="no progress lines; print results.json to stdout")
     b.set_defaults(func=cmd_bench)
+    serve.register(sub)  # bench-serve: the server under concurrent load (bench/serve.py)
 
 
 def settings_from_args(args):

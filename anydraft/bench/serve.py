@@ -1,0 +1,589 @@
+"""`anydraft bench-serve`: the server measured as its clients see it.
+
+`anydraft bench` times one generation at a time inside one process; what a server is worth
+under load (batching, queueing, the HTTP stream) only shows from outside. So each
+configuration gets its own `anydraft serve` subprocess (a fresh process: no state carried
+between configurations), and concurrent streaming clients drive it at each concurrency.
+
+Per request, as vLLM's serving benchmark counts them: TTFT (send -> first content chunk),
+ITL (each gap between content chunks; a speculative step streams several tokens in one
+chunk, so a gap is a step, not a token), TPOT = (end - TTFT) / (tokens - 1), and the
+completion tokens from the stream's `usage`. Light at import time (argparse only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HELP = """Benchmark `anydraft serve` under concurrent load: one server process per
+configuration, closed-loop streaming clients (or Poisson arrivals with --rate) at each
+--concurrency. Writes results.json (every request, and per level throughput and p50/p99 of
+TTFT, ITL and TPOT), summary.md and PNG plots to --out. Exit status 1 when a request failed."""
+
+MODEL_ID = "bench"  # the name each server serves its target under
+LOG_TAIL = 30  # lines of a server's log shown when it fails
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    label: str
+    args: tuple[str, ...]  # extra `anydraft serve` arguments
+
+
+def register(sub) -> None:
+    """Add the `bench-serve` subcommand to ``sub`` (the subparsers of `anydraft`)."""
+    b = sub.add_parser("bench-serve", help="benchmark `anydraft serve` under concurrent load",
+                       description=HELP)
+    b.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
+    b.add_argument("--drafter", default=None,
+                   help="drafter model, given to every configuration but `--method ar` ones")
+    for flag, choices in (("--dtype", None), ("--drafter-dtype", None),
+                          ("--target-backend", ("auto", "torch", "llamacpp")),
+                          ("--drafter-backend", ("auto", "torch", "llamacpp")),
+                          ("--device", ("auto", "cpu", "cuda"))):
+        b.add_argument(flag, default=None, choices=choices,
+                       help="passed to `anydraft serve` (default: its default)")
+    b.add_argument("--configs", action="append", default=None, metavar="LABEL=ARGS[;LABEL=ARGS]",
+                   help="server configurations, each a label and extra `anydraft serve` arguments, "
+                        "e.g. 'plain=--method ar --max-batch 1;sd=--method sd' (repeatable); "
+                        "default: plain (--method ar) and anydraft (the default method), each "
+                        "with --max-batch 1 and --max-batch B")
+    b.add_argument("--max-batch", type=int, default=None, metavar="B",
+                   help="B of the default configurations (default: the highest --concurrency)")
+    b.add_argument("--baseline", default=None,
+                   help="the configuration throughput ratios divide by (default: the first)")
+    b.add_argument("--concurrency", default="1,2,4,8",
+                   help="comma list of client counts, one level each (default 1,2,4,8)")
+    b.add_argument("--rate", type=float, default=None,
+                   help="Poisson arrivals at R requests/s instead of a closed loop; "
+                        "--concurrency then caps the requests in flight")
+    b.add_argument("--requests-per-level", type=int, default=None, metavar="N",
+                   help="requests per (configuration, concurrency) (default: 4 x concurrency, "
+                        "at least 16)")
+    b.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request")
+    b.add_argument("--temperature", type=float, default=0.0, help="of every request (default greedy)")
+    b.add_argument("--seed", type=int, default=0,
+                   help="shuffles the prompt order, draws the arrivals, seeds sampling requests")
+    b.add_argument("--dataset", default="builtin",
+                   help="builtin | spec-bench (../shared/data/spec_bench_questions.jsonl) | PATH.jsonl")
+    b.add_argument("--categories", default=None, help="comma list: only these categories")
+    b.add_argument("--n", type=int, default=None, help="at most N prompts per category")
+    b.add_argument("--completions", action="store_true",
+                   help="send raw prompts to /v1/completions (default: chat messages to "
+                        "/v1/chat/completions, the target's chat template applied)")
+    b.add_argument("--no-warmup", action="store_true",
+                   help="skip the untimed request each server gets before its first level")
+    b.add_argument("--startup-timeout", type=float, default=900.0,
+                   help="seconds a server may take to answer /health (loading, measuring dtypes)")
+    b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--out", default=None, help="output directory (default bench-serve-<date>-<time>)")
+    b.add_argument("--json", action="store_true", help="no progress lines; print results.json to stdout")
+    b.set_defaults(func=cmd_bench_serve)
+
+
+# -- settings -------------------------------------------------------------------------------
+def parse_concurrency(text: str) -> list[int]:
+    from ..errors import AnydraftError
+
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise AnydraftError(f"--concurrency must be a comma list of integers >= 1 "
+                            f"(e.g. 1,2,4,8), got {text!r}")
+    return sorted(set(levels))
+
+
+def default_configs(max_batch: int) -> list[ServeConfig]:
+    """{plain AR, anydraft's default method} x {one row at a time, batches of B}."""
+    return [ServeConfig(f"{name}-b{b}", (*method, "--max-batch", str(b)))
+            for name, method in (("plain", ("--method", "ar")), ("anydraft", ()))
+            for b in dict.fromkeys((1, max_batch))]
+
+
+def parse_configs(texts: list[str]) -> list[ServeConfig]:
+    from ..errors import AnydraftError
+
+    configs = []
+    for entry in (e.strip() for text in texts for e in text.split(";")):
+        if not entry:
+            continue
+        label, sep, rest = entry.partition("=")
+        label = label.strip()
+        if not sep or not label or any(c.isspace() for c in label) or "/" in label:
+            raise AnydraftError(f"--configs: {entry!r} is not LABEL=ARGS (a label without spaces "
+                                "or slashes, then the extra `anydraft serve` arguments)")
+        try:
+            args = tuple(shlex.split(rest))
+        except ValueError as exc:
+            raise AnydraftError(f"--configs: cannot split the arguments of {label!r}: {exc}") from None
+        configs.append(ServeConfig(label, args))
+    labels = [c.label for c in configs]
+    if not configs or len(set(labels)) != len(labels):
+        raise AnydraftError(f"--configs needs at least one configuration and unique labels, got "
+                            f"{', '.join(labels) or 'none'}")
+    return configs
+
+
+def plain_ar(args: tuple[str, ...]) -> bool:
+    """Whether a configuration decodes plainly (no drafter is loaded for it)."""
+    pairs = zip(args, args[1:], strict=False)
+    return "--method=ar" in args or any(a == "--method" and b == "ar" for a, b in pairs)
+
+
+def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list[str]:
+    cmd = [sys.executable, "-m", "anydraft", "serve", "--target", args.target]
+    if args.drafter and not plain_ar(config.args):
+        cmd += ["--drafter", args.drafter]
+    for name in ("dtype", "drafter_dtype", "target_backend", "drafter_backend", "device"):
+        if getattr(args, name) is not None:
+            cmd += ["--" + name.replace("_", "-"), getattr(args, name)]
+    # every request comes from one address: the per-client queue limit must not turn it away
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_ID,
+            "--log-level", "warning", "--max-queue", str(max_queue),
+            "--max-queued-per-client", str(max_queue)]
+    return cmd + list(config.args)  # last: a configuration may override any of the above
+
+
+# -- one server -----------------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`anydraft serve` in a subprocess, its output in ``log_path``."""
+
+    def __init__(self, cmd: list[str], log_path: Path):
+        import os
+        import subprocess
+
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        env.pop("ANYDRAFT_API_KEY", None)  # the clients send no key
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, base: str, timeout: float, label: str) -> None:
+        import time
+
+        import httpx
+
+        from ..errors import AnydraftError
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AnydraftError(self.failure(f"exited with status {self.proc.returncode}", label))
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise AnydraftError(self.failure(f"did not answer /health within {timeout:g} s "
+                                         "(--startup-timeout)", label))
+
+    def failure(self, what: str, label: str) -> str:
+        """The error line of the log first (argparse's or anydraft's), then the log's tail."""
+        self._log.flush()
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if ": error: " in line]
+        tail = "\n".join("  " + line for line in lines[-LOG_TAIL:]) or "  (empty)"
+        return (f"the server for configuration {label!r} {what}"
+                + (f": {errors[-1].strip()}" if errors else "")
+                + f"\nlast lines of {self.log_path}:\n{tail}")
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+# -- the clients ----------------------------------------------------------------------------
+def request_body(prompt: str, args, seed: int) -> dict:
+    body = {"model": MODEL_ID, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
+    if args.completions:
+        return body | {"prompt": prompt}
+    return body | {"messages": [{"role": "user", "content": prompt}]}
+
+
+async def stream_one(client, url: str, body: dict) -> dict:
+    """One streaming request, timed from the send. Content chunks are those with text: the
+    chat stream's first chunk (the role alone) and the final one (finish_reason) carry none."""
+    import time
+
+    chat = "messages" in body
+    t0 = time.perf_counter()
+    first = last = None
+    gaps, usage, stats, error, finish = [], None, None, None, None
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                try:
+                    text = json.loads(text)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+                error = f"HTTP {resp.status_code}: {text}"
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    obj = json.loads(line[6:])
+                    if "error" in obj:
+                        error = obj["error"].get("message", str(obj["error"]))
+                        break
+                    usage = obj.get("usage") or usage
+                    stats = obj.get("anydraft") or stats
+                    for choice in obj.get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        finish = choice.get("finish_reason") or finish
+                        if piece:
+                            now = time.perf_counter()
+                            if first is None:
+                                first = now
+                            else:
+                                gaps.append(now - last)
+                            last = now
+    except Exception as exc:  # noqa: BLE001 - a failed request is a result, not a crash
+        error = f"{type(exc).__name__}: {exc}"
+    end = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage else None
+    if error is None and usage is None:
+        error = "the stream ended without usage"
+    ttft = first - t0 if first is not None else None
+    return {
+        "sent": t0, "latency": end - t0, "ttft": ttft, "itl": gaps,
+        "tpot": (end - first) / (tokens - 1) if first is not None and tokens and tokens > 1 else None,
+        "completion_tokens": tokens, "prompt_tokens": usage["prompt_tokens"] if usage else None,
+        "chunks": len(gaps) + (first is not None), "finish_reason": finish,
+        "target_calls": (stats or {}).get("target_calls"), "error": error,
+    }
+
+
+async def run_level(base: str, bodies: list[dict], concurrency: int, rate: float | None,
+                    seed: int, on_done) -> tuple[list[dict], float]:
+    """Every body once, at most ``concurrency`` in flight: closed loop (all arrive at once,
+    so each client sends its next request as its last one ends), or Poisson arrivals at
+    ``rate``/s. Returns the rows (``start`` relative to the level's start) and the seconds
+    from the level's start to its last answer."""
+    import asyncio
+    import random
+    import time
+
+    import httpx
+
+    url = base + ("/v1/chat/completions" if "messages" in bodies[0] else "/v1/completions")
+    arrivals, t = [], 0.0
+    rng = random.Random(seed)
+    for _ in bodies:
+        arrivals.append(t)
+        if rate:
+            t += rng.expovariate(rate)
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=limits) as client:
+        start = time.perf_counter()
+
+        async def one(i: int, body: dict) -> dict:
+            await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+            async with gate:
+                row = await stream_one(client, url, body)
+            row["start"] = row.pop("sent") - start
+            on_done(row)
+            return row
+
+        rows = await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+        wall = max(r["start"] + r["latency"] for r in rows)
+    return list(rows), wall
+
+
+# -- numbers --------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile, linearly interpolated (numpy's default); None for no values."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def aggregate(rows: list[dict], wall: float) -> dict:
+    """One (configuration, concurrency) level. ITL pools every gap of every request."""
+    ok = [r for r in rows if r["error"] is None]
+    tokens = sum(r["completion_tokens"] for r in ok)
+    calls = [r["target_calls"] for r in ok if r["target_calls"]]
+    out = {"requests": len(rows), "errors": len(rows) - len(ok), "completion_tokens": tokens,
+           "seconds": wall, "throughput": tokens / wall if wall > 0 else None,
+           "requests_per_s": len(ok) / wall if wall > 0 else None,
+           "tokens_per_target_call": tokens / sum(calls) if len(calls) == len(ok) and calls else None}
+    for name, values in (("ttft", [r["ttft"] for r in ok if r["ttft"] is not None]),
+                         ("itl", [g for r in ok for g in r["itl"]]),
+                         ("tpot", [r["tpot"] for r in ok if r["tpot"] is not None])):
+        out[f"{name}_p50"], out[f"{name}_p99"] = percentile(values, 50), percentile(values, 99)
+    return out
+
+
+def add_ratios(levels: list[dict], baseline: str) -> None:
+    """``throughput_vs_baseline``: throughput / the baseline's at the same concurrency."""
+    base = {lv["concurrency"]: lv["throughput"] for lv in levels if lv["config"] == baseline}
+    for lv in levels:
+        b = base.get(lv["concurrency"])
+        lv["throughput_vs_baseline"] = lv["throughput"] / b if b and lv["throughput"] is not None else None
+
+
+# -- the report -----------------------------------------------------------------------------
+def _ms(v) -> str:
+    return "–" if v is None else f"{v * 1000:.1f}"
+
+
+def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -> Path:
+    s, m = meta["settings"], meta["machine"]
+    mode = (f"Poisson arrivals at {s['rate']:g} requests/s, at most c in flight" if s["rate"]
+            else "closed loop: c clients, each sending its next request when its last one ends")
+    lines = [
+        f"# anydraft bench-serve: {s['target']} <- {s['drafter'] or '(no drafter)'}", "",
+        f"- command: `{meta['command']}`",
+        f"- machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs, device "
+        f"{m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}",
+        *(f"- {line}" for line in m.get("hardware", [])),
+        f"- versions: anydraft {m['versions']['anydraft']} ({m['git_commit'] or 'no git'}), "
+        f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}, "
+        f"Python {m['python']}; {m['date']}",
+        f"- load: {mode}; {s['requests_per_level'] or 'max(16, 4c)'} requests per level; "
+        f"dataset {s['dataset']} "
+        f"({s['prompts']} prompts), {'/v1/completions' if s['completions'] else '/v1/chat/completions'}, "
+        f"max_tokens {s['max_tokens']}, temperature {s['temperature']}, seed {s['seed']}",
+        "- configurations (extra `anydraft serve` arguments):",
+        *(f"  - {c['label']}: `{shlex.join(c['args']) or '(none)'}`" for c in meta["configs"]),
+        "", "## Per configuration and concurrency", "",
+    ]
+    head = ["config", "c", "requests", "errors", "tok/s", f"vs {s['baseline']}",
+            "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "TPOT p50 ms",
+            "TPOT p99 ms", "tokens / target call"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for lv in levels:
+        ratio, tpc = lv["throughput_vs_baseline"], lv["tokens_per_target_call"]
+        cells = [lv["config"], str(lv["concurrency"]), str(lv["requests"]),
+                 f"**{lv['errors']}**" if lv["errors"] else "0",
+                 "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
+                 "–" if ratio is None else f"{ratio:.2f}x",
+                 *(_ms(lv[f"{k}_{p}"]) for k in ("ttft", "itl", "tpot") for p in ("p50", "p99")),
+                 "–" if tpc is None else f"{tpc:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    lines += [
+        "## How to read this", "",
+        "- tok/s: completion tokens of the level's successful requests / seconds from its "
+        "first request sent to its last answer. vs: that throughput / the baseline "
+        "configuration's at the same c.",
+        "- TTFT: send -> first chunk with text (queueing and the prompt read included). "
+        "ITL: every gap between chunks with text, pooled over the level's requests (a "
+        "speculative step streams several tokens in one chunk: a gap is a step). "
+        "TPOT: (end - TTFT) / (tokens - 1) per request.",
+        "- tokens / target call: completion tokens / the target's forward passes, from the "
+        "`anydraft` statistics each stream ends with (1.00 when decoding plainly).",
+        "",
+    ]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_plots(out: Path, levels: list[dict]) -> list[str]:
+    """Throughput and p99 ITL against concurrency, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    configs = list(dict.fromkeys(lv["config"] for lv in levels))
+    for key, scale, ylabel, title, name in (
+            ("throughput", 1, "completion tokens / s", "Throughput", "throughput.png"),
+            ("itl_p99", 1000, "p99 inter-token latency (ms)", "p99 ITL (per streamed chunk)",
+             "itl_p99.png")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for config in configs:
+            pts = [(lv["concurrency"], lv[key] * scale) for lv in levels
+                   if lv["config"] == config and lv[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=config)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({lv["concurrency"] for lv in levels}),
+                      [str(c) for c in sorted({lv["concurrency"] for lv in levels})])
+        ax.set_xlabel("concurrency (clients)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} vs concurrency")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+# -- the run --------------------------------------------------------------------------------
+def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level: dict[int, int],
+                out: Path, bar) -> tuple[list[dict], list[dict], list[dict]]:
+    """Each configuration's server started, warmed up, driven at each concurrency (the keys
+    of ``per_level``, with that many requests) and stopped. Returns what each server ran,
+    one row per request, and one aggregate per (configuration, concurrency)."""
+    import asyncio
+
+    from ..errors import AnydraftError
+
+    servers, requests, levels = [], [], []
+    max_queue = max(64, *per_level.values())
+    for config in configs:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        cmd = server_command(args, config, port, max_queue)
+        servers.append({"label": config.label, "args": list(config.args),
+                                "server_command": shlex.join(cmd)})
+        bar.note(f"[{config.label}] starting: {shlex.join(cmd[1:])}")
+        server = ServerProcess(cmd, out / f"server-{config.label}.log")
+        try:
+            server.wait_ready(base, args.startup_timeout, config.label)
+            if not args.no_warmup:  # first-request costs (allocations, lazy imports) untimed
+                row = asyncio.run(run_level(base, [request_body(prompts[0]["prompt"], args, args.seed)],
+                                            1, None, args.seed, lambda r: None))[0][0]
+                if row["error"]:
+                    raise AnydraftError(server.failure(f"failed its warm-up request ({row['error']})",
+                                                       config.label))
+            for c in per_level:
+                picked = [prompts[i % len(prompts)] for i in range(per_level[c])]
+                bodies = [request_body(p["prompt"], args, args.seed + i) for i, p in enumerate(picked)]
+                note = f"{config.label} c={c}"
+                rows, wall = asyncio.run(run_level(base, bodies, c, args.rate, args.seed,
+                                                   lambda r, note=note: bar.step(note)))
+                for i, (p, r) in enumerate(zip(picked, rows, strict=True)):
+                    requests.append({"config": config.label, "concurrency": c, "index": i,
+                                     "prompt_id": p["id"], **r})
+                level = {"config": config.label, "concurrency": c, **aggregate(rows, wall)}
+                levels.append(level)
+                bad = [r["error"] for r in rows if r["error"]]
+                bar.note(f"[{config.label}] c={c}: {level['throughput'] or 0:.1f} tok/s, p99 ITL "
+                         f"{_ms(level['itl_p99'])} ms" + (f"; {len(bad)} failed: {bad[0]}" if bad else ""))
+        finally:
+            server.stop()
+    return servers, requests, levels
+
+
+# -- the command ----------------------------------------------------------------------------
+def cmd_bench_serve(args) -> int:
+    import random
+
+    from ..errors import AnydraftError
+    from ..models.loading import resolve, resolve_device
+    from .cli import command_line
+    from .datasets import load_dataset
+    from .report import machine_info
+    from .runner import Progress
+
+    levels_c = parse_concurrency(args.concurrency)
+    if args.max_tokens < 1:
+        raise AnydraftError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.requests_per_level is not None and args.requests_per_level < 1:
+        raise AnydraftError(f"--requests-per-level must be >= 1, got {args.requests_per_level}")
+    if args.rate is not None and not args.rate > 0:
+        raise AnydraftError(f"--rate must be a positive number of requests/s, got {args.rate}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise AnydraftError(f"--max-batch must be >= 1, got {args.max_batch}")
+    configs = (parse_configs(args.configs) if args.configs
+               else default_configs(args.max_batch or max(levels_c)))
+    baseline = args.baseline or configs[0].label
+    if baseline not in {c.label for c in configs}:
+        raise AnydraftError(f"--baseline {baseline!r} is none of the configurations: "
+                            f"{', '.join(c.label for c in configs)}")
+    for spec in filter(None, (args.target, args.drafter)):
+        resolve(spec)  # an unknown model fails here, before any server starts
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    prompts = load_dataset(args.dataset, categories, args.n)
+    random.Random(args.seed).shuffle(prompts)  # one order, the same for every level and config
+    per_level = {c: args.requests_per_level or max(16, 4 * c) for c in levels_c}
+    out = Path(args.out or datetime.datetime.now().strftime("bench-serve-%Y%m%d-%H%M%S"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AnydraftError(f"cannot create --out directory {out}: {exc}") from exc
+
+    meta = {
+        "machine": machine_info(resolve_device(args.device or "auto")),
+        "command": command_line(args),
+        "settings": {"target": args.target, "drafter": args.drafter, "dataset": args.dataset,
+                     "prompts": len(prompts), "concurrency": levels_c, "rate": args.rate,
+                     "requests_per_level": args.requests_per_level,  # None: max(16, 4c)
+                     "max_tokens": args.max_tokens, "temperature": args.temperature,
+                     "seed": args.seed, "completions": args.completions, "baseline": baseline,
+                     "warmup": not args.no_warmup},
+        "configs": [],
+    }
+    bar = Progress(len(configs) * sum(per_level.values()), quiet=args.json)
+    bar.note(f"bench-serve: {len(configs)} configuration(s) x concurrency "
+             f"{','.join(map(str, levels_c))}, {len(prompts)} prompts -> {out}")
+    try:
+        meta["configs"], requests, levels = run_configs(args, configs, prompts, per_level, out, bar)
+    finally:
+        bar.bar.close()
+    add_ratios(levels, baseline)
+    results = out / "results.json"
+    results.write_text(json.dumps({"meta": meta, "levels": levels, "requests": requests}, indent=2)
+                       + "\n", encoding="utf-8")
+    plots = [] if args.no_plots else write_plots(out, levels)
+    summary = write_summary(out, meta, levels, plots)
+    if args.json:
+        print(results.read_text(encoding="utf-8"), end="")
+    else:
+        print(summary.read_text(encoding="utf-8"))
+        bar.note(f"wrote {results}, {summary}" + "".join(f", {out / p}" for p in plots))
+    failed = sum(lv["errors"] for lv in levels)
+    if failed:
+        print(f"anydraft bench-serve: {failed} request(s) failed (see {results})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    """Run `bench-serve` alone: `python -m anydraft.bench.serve --target ...`."""
+    from ..errors import AnydraftError
+
+    parser = argparse.ArgumentParser(prog="anydraft")
+    register(parser.add_subparsers(dest="command", required=True))
+    argv = ["bench-serve", *(argv if argv is not None else sys.argv[1:])]
+    args = parser.parse_args(argv)
+    args.argv = argv
+    try:
+        return args.func(args)
+    except AnydraftError as exc:
+        print(f"anydraft: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

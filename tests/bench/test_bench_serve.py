@@ -1,0 +1,115 @@
+"""`anydraft bench-serve` end to end: real server processes over the tiny random model that
+the server tests use (no download, no skip), two configurations at concurrency 1 and 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anydraft.cli import main
+from tests.helpers import byte_tokenizer, tiny_llama
+
+PROMPTS = ["hello there", "the quick brown fox", "def f(x):"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-model")
+    tok = byte_tokenizer()
+    tiny_llama(len(tok), max_positions=1024).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "category": "tiny", "prompt": p}) + "\n"
+                            for i, p in enumerate(PROMPTS)), encoding="utf-8")
+    return path
+
+
+def test_bench_serve_end_to_end(model_dir, dataset, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the servers share the test machine's cores
+    out = tmp_path / "out"
+    # explicit configurations: plain decoding without a drafter, and sd with the model as its
+    # own drafter (--fixed-k: every greedy draft is accepted, several tokens per step)
+    rc = main(["bench-serve", "--target", str(model_dir), "--drafter", str(model_dir),
+               "--dtype", "float32", "--device", "cpu", "--dataset", str(dataset),
+               "--configs", "plain=--method ar;sd=--method sd --fixed-k",
+               "--concurrency", "2,1", "--requests-per-level", "3", "--max-tokens", "8",
+               "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((out / "results.json").read_text())
+    configs = {c["label"]: c for c in data["meta"]["configs"]}
+    assert list(configs) == ["plain", "sd"]
+    assert "--drafter" not in configs["plain"]["server_command"]  # plain decoding needs none
+    assert "--drafter" in configs["sd"]["server_command"]
+    assert data["meta"]["machine"]["hardware"]
+
+    assert [(lv["config"], lv["concurrency"]) for lv in data["levels"]] == [
+        ("plain", 1), ("plain", 2), ("sd", 1), ("sd", 2)]
+    for lv in data["levels"]:
+        assert lv["requests"] == 3 and lv["errors"] == 0
+        assert lv["completion_tokens"] > 0 and lv["throughput"] > 0
+        for name in ("ttft", "itl", "tpot"):
+            assert lv[f"{name}_p99"] >= lv[f"{name}_p50"] > 0, (name, lv)
+        assert lv["throughput_vs_baseline"] > 0
+    assert all(lv["throughput_vs_baseline"] == 1 for lv in data["levels"] if lv["config"] == "plain")
+    by_config = {lv["config"]: lv for lv in data["levels"] if lv["concurrency"] == 1}
+    assert by_config["plain"]["tokens_per_target_call"] == pytest.approx(1.0)
+    assert by_config["sd"]["tokens_per_target_call"] > 1  # speculative steps did happen
+
+    assert len(data["requests"]) == 12
+    for r in data["requests"]:
+        assert r["error"] is None and 0 < r["completion_tokens"] <= 8
+        assert 0 < r["ttft"] <= r["latency"] and r["chunks"] == len(r["itl"]) + 1
+        assert r["prompt_id"] in {"p0", "p1", "p2"}
+
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# anydraft bench-serve:")
+    assert "- cpu: " in summary  # the machine, from the hardware description
+    table = [line for line in summary.splitlines() if line.startswith("| plain") or line.startswith("| sd")]
+    assert len(table) == 4 and table[0].split(" | ")[5] == "1.00x"
+    assert {"throughput.png", "itl_p99.png"} <= {p.name for p in out.iterdir()}
+    assert (out / "server-sd.log").exists()
+
+
+def test_bad_concurrency(capsys):
+    assert main(["bench-serve", "--target", "smollm2-135m", "--concurrency", "1,zero"]) == 2
+    assert "--concurrency must be a comma list of integers >= 1" in capsys.readouterr().err
+
+
+def test_unknown_model(capsys, tmp_path):
+    assert main(["bench-serve", "--target", "no-such-model", "--out", str(tmp_path)]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_server_that_fails_to_start(model_dir, dataset, tmp_path, capsys):
+    rc = main(["bench-serve", "--target", str(model_dir), "--dataset", str(dataset),
+               "--configs", "broken=--max-concurrency 0", "--concurrency", "1",
+               "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "the server for configuration 'broken' exited with status 2" in err
+    assert "--max-concurrency must be at least 1" in err and "last lines of" in err
+
+
+def test_configurations():
+    from anydraft.bench.serve import default_configs, parse_configs, plain_ar
+    from anydraft.errors import AnydraftError
+
+    assert [(c.label, c.args) for c in default_configs(8)] == [
+        ("plain-b1", ("--method", "ar", "--max-batch", "1")),
+        ("plain-b8", ("--method", "ar", "--max-batch", "8")),
+        ("anydraft-b1", ("--max-batch", "1")), ("anydraft-b8", ("--max-batch", "8"))]
+    assert [c.label for c in default_configs(1)] == ["plain-b1", "anydraft-b1"]
+    configs = parse_configs(["a=--method ar --max-batch 4; b=--method=sd", "c="])
+    assert [(c.label, c.args) for c in configs] == [
+        ("a", ("--method", "ar", "--max-batch", "4")), ("b", ("--method=sd",)), ("c", ())]
+    assert [plain_ar(c.args) for c in configs] == [True, False, False]
+    assert plain_ar(("--method=ar",))
+    for bad in (["a=x;a=y"], ["no label here"], ["=--method ar"], [";"]):
+        with pytest.raises(AnydraftError, match="--configs"):
+            parse_configs(bad)
