@@ -74,14 +74,18 @@ class Finish:
     reason: str = "length"  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
 
 
-def prefill(state: DecodeState, cancel: Callable[[], str | None], chunk: int = PREFILL_CHUNK) -> str | None:
-    """Read the prompt into the target ``chunk`` tokens at a time, asking ``cancel`` between
-    chunks; its answer (None: go on). The last prompt token stays pending, so the first step
-    still scores it with the step's candidates: the same tokens reach the target in the same
-    order, only split over more calls."""
+def prefill(state: DecodeState, cancel: Callable[[], str | None], chunk: int = PREFILL_CHUNK,
+            chunks: int | None = None) -> str | None:
+    """Read the prompt into the target ``chunk`` tokens at a time (at most ``chunks`` chunks;
+    None: all), asking ``cancel`` between chunks; its answer (None: go on). The last prompt
+    token stays pending, so the first step still scores it with the step's candidates: the
+    same tokens reach the target in the same order, only split over more calls."""
+    ids = state.pending[:-1]
+    if chunks is not None:
+        ids = ids[: chunks * chunk]
     start = time.perf_counter()
     with state.stats.timed("target"):
-        reason = read_in_chunks(state.target, state.pending[:-1], cancel, chunk)
+        reason = read_in_chunks(state.target, ids, cancel, chunk)
     state.stats.prefill_seconds += time.perf_counter() - start
     return reason
 
@@ -103,19 +107,25 @@ class Generation:
         self._drafted = 0  # the state's drafted count before the step `ready` allowed
         self._start = time.perf_counter()
 
-    def start(self) -> bool:
-        """Read the prompt (in chunks, when something can cancel) and start the method; False
-        when cancelled during the read."""
+    def start(self, chunks: int | None = None) -> bool:
+        """Read the prompt and start the method; whether it started. The prompt is read in
+        chunks when something can cancel (asked before each chunk: False and `done` when it
+        answers) or when ``chunks`` limits this call to that many (False, not done, while
+        some is left: a batch reads a joining prompt between its other rows' steps)."""
         stats, state = self.state.stats, self.state
-        stats.method = self.method.name
-        stats.prompt_tokens = len(state.committed)
-        self._start = time.perf_counter()
-        state.cancel = self.cancel
-        if self.cancel is not None and (reason := prefill(state, self.cancel)):
-            self.finish.reason = reason
-            self.close()
-            self.done = True
-            return False
+        if not stats.prompt_tokens:  # the first call
+            stats.method = self.method.name
+            stats.prompt_tokens = self.prompt_tokens
+            self._start = time.perf_counter()
+            state.cancel = self.cancel
+        if self.cancel is not None or chunks is not None:
+            if reason := prefill(state, self.cancel or (lambda: None), chunks=chunks):
+                self.finish.reason = reason
+                self.close()
+                self.done = True
+                return False
+            if len(state.pending) > 1:
+                return False
         self.row = self.method.start(state)
         return True
 
@@ -210,9 +220,12 @@ class Batch:
 
     def run_once(self) -> list[tuple[Generation, bool]]:
         """One step of the batch: each generation that made news, with whether it is done."""
-        news = [(g, True) for g in self.joining if not g.start()]
+        # a prompt is read one chunk per step while others are decoding, so that it does
+        # not stall them
+        chunks = 1 if self.active else None
+        news = [(g, True) for g in self.joining if not g.start(chunks) and g.done]
         self.active += [g for g in self.joining if g.row is not None]
-        self.joining = []
+        self.joining = [g for g in self.joining if g.row is None and not g.done]
         news += [(g, True) for g in self.active if not g.ready()]
         self.active = [g for g in self.active if g.row is not None and not g.done]
         if self.active:
