@@ -18,16 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from . import methods
 from .bridge import token_table
 from .config import DraftConfig, check_method, override
-from .decoding import (
-    Batch,
-    DecodeState,
-    Finish,
-    Generation,
-    GenerationOutput,
-    Stats,
-    TextAssembler,
-    decode_batch,
-)
+from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
 from .models.backends import LoadedModel, check_backend, check_target_device, load
 from .models.batch import BatchSession, RowView
@@ -196,22 +187,36 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        max_batch: int | None = None,
     ) -> list[GenerationOutput]:
         """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
         step scores every unfinished prompt's candidates in one target call where the target's
-        backend batches (models/batch.py; others run the rows one after another), and a
-        prompt that finishes leaves at once. Each output is what `generate` gives for its
+        backend batches (models/batch.py; others run the rows one after another). At most
+        ``max_batch`` prompts (None: all) decode at once; one that finishes leaves at once and
+        the next joins. Each output is what `generate` gives for its
         prompt alone: greedy token for token with a float32 torch target (a bfloat16 or
         llama.cpp target can round a near tie differently in a batch), sampling in
         distribution (and draw for draw at a fixed draft length)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise AnydraftError("prompts must be a non-empty list of prompts")
-        rows = self.target.new_batch(len(prompts))
-        generations = [self.start(prompt, max_new_tokens, rows=rows, sampling=sampling, chat=chat,
-                                  stop=stop, method=method, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, min_p=min_p, seed=seed) for prompt in prompts]
-        decode_batch(generations)
-        return [g.result()[1] for g in generations]
+        if max_batch is None:
+            max_batch = len(prompts)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise AnydraftError(f"max_batch must be a positive integer, got {max_batch!r}")
+        for prompt in prompts:  # every prompt checked before any is decoded
+            self.prompt_ids(prompt, chat)
+        rows = self.target.new_batch(min(max_batch, len(prompts)))
+        batch, generations = Batch(), []
+        while True:
+            while len(batch) < max_batch and len(generations) < len(prompts):
+                generations.append(self.start(
+                    prompts[len(generations)], max_new_tokens, rows=rows, sampling=sampling,
+                    chat=chat, stop=stop, method=method, temperature=temperature, top_k=top_k,
+                    top_p=top_p, min_p=min_p, seed=seed))
+                batch.join(generations[-1])
+            if not batch:
+                return [g.result()[1] for g in generations]
+            batch.run_once()
 
     def stream(
         self,

@@ -108,3 +108,18 @@ def test_one_forward_pass_for_all_rows_gives_the_same(decoders, method):
         outs = decoder.generate_batch(PROMPTS, 20, chat=False, **sampling)
         for prompt, out in zip(PROMPTS, outs, strict=True):
             assert out.token_ids == decoder.generate(prompt, 20, chat=False, **sampling).token_ids
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_at_most_max_batch_rows_and_the_next_joins_as_one_leaves(decoders, method, monkeypatch):
+    decoder = decoders[method]
+    stop = decoder.generate(PROMPTS[0], 30, chat=False).text[2:5]  # prompt 0 leaves early
+    calls = counted(decoder, monkeypatch)
+    outs = decoder.generate_batch(PROMPTS, 30, chat=False, stop=[stop], max_batch=2)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == decoder.generate(prompt, 30, chat=False, stop=[stop]).token_ids
+    assert calls[0] == [0, 1] and max(len(c) for c in calls) == 2
+    # prompt 2 took prompt 0's row while prompt 1 was still decoding
+    assert outs[0].finish_reason == "stop" and [0, 1] in calls[len(outs[0].token_ids):]
+    with pytest.raises(AnydraftError, match="max_batch must be a positive integer"):
+        decoder.generate_batch(PROMPTS, 5, max_batch=0)
