@@ -15,7 +15,7 @@ from collections import defaultdict
 import torch
 
 from anydraft.bridge import token_table
-from anydraft.decoding import DecodeState, Finish, Stats, TextAssembler, decode
+from anydraft.decoding import DecodeState, Finish, Generation, Stats, TextAssembler, decode_batch
 from anydraft.methods.pairing import Pairing
 from anydraft.sampling import SamplingParams
 
@@ -188,10 +188,9 @@ class Toys:
         while todo:
             gen = Enumerator(todo.pop())
             state = DecodeState(self.target_session(), list(prompt), params, gen, Stats())
-            out = [t for chunk in decode(state, make_method(), max_new_tokens,
-                                         self.target_table.eos_ids, self._text(stop), Finish())
-                   for t in chunk]
-            dist[tuple(out)] += gen.prob
+            decode_batch([Generation(state, make_method(), max_new_tokens,
+                                     self.target_table.eos_ids, self._text(stop), Finish())])
+            dist[tuple(state.committed[len(prompt):])] += gen.prob
             todo.extend(gen.alternatives)
             paths += 1
         return dict(dist), paths
