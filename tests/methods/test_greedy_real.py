@@ -119,19 +119,21 @@ def test_auto_with_every_optimisation_on_is_identical_to_plain_greedy(real_model
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_a_batch_of_prompts_is_identical_to_each_alone(real_model, exactness_device):
+@pytest.mark.parametrize("method, max_batch", [("auto", None), ("tli", 2), ("lookup", 3)])
+def test_a_batch_of_prompts_is_identical_to_each_alone(real_model, exactness_device, method, max_batch):
     """`generate_batch` on a real pair: the target's rows in one forward pass (`TorchBatch`),
-    prompts of different lengths (code, German, and the short ones of the 135M target's set)
-    decoded together with `auto` as users run it, each identical to its plain greedy output."""
+    prompts of very different lengths (code, German, prose, a long article) decoded together,
+    `auto` as users run it and fixed-length methods with fewer rows than prompts (the later
+    prompts join as rows leave), each identical to its plain greedy output."""
     from anydraft.models.rows import TorchBatch
 
     target = "qwen2.5-coder-0.5b"
     dec = Decoder(target=real_model(target, device=exactness_device), tokenizer=load_tokenizer(target),
                   drafter=drafter_model(real_model, "smollm2-135m", "llamacpp", exactness_device),
-                  drafter_tokenizer=load_tokenizer("smollm2-135m"))
+                  drafter_tokenizer=load_tokenizer("smollm2-135m"), adaptive=method == "auto")
     assert isinstance(dec.target.new_batch(2), TorchBatch)
-    prompts = prompts_of(target) + [mixed_prompts()[i] for i in (0, 3)]
-    outs = dec.generate_batch(prompts, max_new_tokens=MAX_NEW)
+    prompts = prompts_of(target) + [mixed_prompts()[i] for i in (0, 9)]
+    outs = dec.generate_batch(prompts, max_new_tokens=MAX_NEW, method=method, max_batch=max_batch)
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == plain(dec, target, prompt).token_ids, (out.stats["method"], prompt[:60])
     assert sum(out.stats["drafted"] for out in outs) > 0
