@@ -9,8 +9,11 @@ statistics counted and the policy told what the step cost and earned (`Policy.ob
 Every method is lossless because each committed token is either a candidate its verifier
 accepted or the verifier's own draw; what the policy chooses changes only the speed.
 The rows whose target sessions are rows of one batch (models/batch.py) are scored in ONE
-call (`score`); every row still verifies, commits and rolls back on its own. Each row's
-measurements are its own: a shared call counts, for each row, as the time it waited for it.
+call (`score`); every row still verifies, commits and rolls back on its own. Such rows share
+the call's cost, so their draft lengths are chosen together (`policy.allocate`, after every
+row's own choice), and the call is added to the cost curve once, at its total tokens, by one
+row per pair. A row's other measurements are its own: its propose and verify time, and the
+shared call as the time it waited for it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 
 import torch
 
-from ..methods.policy import Measured
+from ..methods.policy import Measured, allocate
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
 
@@ -27,23 +30,27 @@ from ..methods.verify import Proposal, verify_exact
 def step(rows: list[Row]) -> list[tuple[list[int], int]]:
     """Run one step of every row; return each row's ``(committed tokens, accepted drafts)``:
     the first ``accepted`` tokens were candidates, the last is the target's own."""
+    states = [row.state for row in rows]
+    groups = calls(states)
+    choices = _choose(rows, groups)
     plans = []
-    for row in rows:  # choose and propose, each row on its own
-        state = row.state
-        match = row.copying.match(state.committed) if row.copying is not None else 0
-        choice = row.policy.choose(state, row.drafter, match)
+    for row, choice in zip(rows, choices, strict=True):  # propose, each row on its own
         mark = _mark(row)
         if choice.proposer == "plain":
             proposal = Proposal([])
         else:
-            proposal = row.proposer(choice.proposer).propose(state, row.drafter, choice.k, choice.read)
-        plans.append((choice, mark, proposal))
+            proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
+        plans.append((choice, mark, proposal, time.perf_counter() - mark[0]))
+    proposed = [proposal.candidates for _, _, proposal, _ in plans]
+    shared = _shared(rows, choices, proposed, groups)
 
-    logits = score([row.state for row in rows], [proposal.candidates for _, _, proposal in plans])
+    start = time.perf_counter()
+    logits = score(states, proposed)
+    waited = time.perf_counter() - start  # every row waits for every call
 
     out = []
-    for row, (choice, mark, proposal), scores in zip(rows, plans, logits, strict=True):
-        state, candidates = row.state, proposal.candidates
+    for row, (choice, mark, proposal, proposing), scores, call in zip(rows, plans, logits, shared, strict=True):
+        start, state, candidates = time.perf_counter(), row.state, proposal.candidates
         if choice.proposer == "plain":
             n, token = verify_exact(scores, candidates, state.params, state.generator)
         else:
@@ -55,7 +62,8 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
             state.target.rollback(keep)
         state.stats.drafted += len(candidates)
         state.stats.rejected += n < len(candidates)
-        row.policy.observe(choice, _measured(row, mark, len(candidates), n))
+        wall = proposing + waited + time.perf_counter() - start  # its own work, and the wait
+        row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, *call))
         new = candidates[:n] + [token]
         if row.drafter is not None:
             row.drafter.commit(new, n if choice.proposer == "draft" else 0)
@@ -63,25 +71,68 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
     return out
 
 
-def score(states: list, candidates: list[list[int]]) -> list[torch.Tensor]:
-    """Each state's target logits for its pending tokens and candidates (`DecodeState.score`):
-    one call per batch for the states whose targets are rows of one `BatchSession`, one call
-    per state otherwise."""
-    out: list = [None] * len(states)
-    batches: dict[int, list[int]] = {}
+def calls(states: list) -> list[list[int]]:
+    """The target calls that score ``states``, as lists of their indices: one per batch for
+    the states whose targets are rows of one `BatchSession`, one per state otherwise."""
+    out, batches = [], {}
     for i, state in enumerate(states):
         batch = getattr(state.target, "batch", None)
         if batch is None:
-            out[i] = state.score(candidates[i])
+            out.append([i])
+        elif id(batch) in batches:
+            batches[id(batch)].append(i)
         else:
-            batches.setdefault(id(batch), []).append(i)
-    for members in batches.values():
-        batch = states[members[0]].target.batch
-        feeds = {states[i].target.row: states[i].pending + list(candidates[i]) for i in members}
+            out.append(batches.setdefault(id(batch), [i]))
+    return out
+
+
+def _choose(rows: list[Row], groups: list[list[int]]) -> list:
+    """Each row's `Choice`: its own, then, for rows scored in one call (what one row drafts,
+    all wait for), cut to the call's joint draft lengths (`policy.allocate`)."""
+    choices = []
+    for row in rows:
+        match = row.copying.match(row.state.committed) if row.copying is not None else 0
+        choices.append(row.policy.choose(row.state, row.drafter, match))
+    for group in groups:
+        if len(group) > 1:
+            ks = allocate([rows[i].policy.bid(choices[i], rows[i].state, rows[i].drafter) for i in group])
+            for i, k in zip(group, ks, strict=True):
+                choices[i] = choices[i].cut(k)
+    return choices
+
+
+def _shared(rows: list[Row], choices: list, candidates: list, groups: list[list[int]]) -> list[tuple]:
+    """Per row, before its call: the call's tokens over all its rows, and whether this row
+    adds the call to its pair's cost curve. Per call and pair (`Costs`) one row does, the
+    first whose policy learns from the step, unless a row reads its prompt in the call (its
+    first: the cost is the prompt's, not a step's)."""
+    out: list = [None] * len(rows)
+    for group in groups:
+        tokens = sum(len(rows[i].state.pending) + len(candidates[i]) for i in group)
+        clean, seen = all(rows[i].state.stats.target_calls for i in group), set()
+        for i in group:
+            costs = id(rows[i].policy.estimates.costs)
+            records = clean and costs not in seen and rows[i].policy.learns_call(choices[i])
+            if records:
+                seen.add(costs)
+            out[i] = (tokens, records)
+    return out
+
+
+def score(states: list, candidates: list[list[int]]) -> list[torch.Tensor]:
+    """Each state's target logits for its pending tokens and candidates (`DecodeState.score`),
+    one target call per group of `calls`."""
+    out: list = [None] * len(states)
+    for group in calls(states):
+        if len(group) == 1 and getattr(states[group[0]].target, "batch", None) is None:
+            out[group[0]] = states[group[0]].score(candidates[group[0]])
+            continue
+        batch = states[group[0]].target.batch
+        feeds = {states[i].target.row: states[i].pending + list(candidates[i]) for i in group}
         start = time.perf_counter()
-        logits = batch.feed_rows(feeds, {states[i].target.row: len(candidates[i]) + 1 for i in members})
+        logits = batch.feed_rows(feeds, {states[i].target.row: len(candidates[i]) + 1 for i in group})
         seconds = time.perf_counter() - start
-        for i in members:
+        for i in group:
             states[i].account(seconds)
             out[i] = logits[states[i].target.row]
     return out
@@ -93,11 +144,13 @@ def _mark(row: Row) -> tuple:
             s.drafter_calls, len(row.state.pending))
 
 
-def _measured(row: Row, mark: tuple, offered: int, accepted: int) -> Measured:
+def _measured(row: Row, mark: tuple, wall: float, offered: int, accepted: int, call_tokens: int,
+              records_call: bool) -> Measured:
     s = row.state.stats
-    start, draft, target, calls, pending = mark
+    _, draft, target, calls, pending = mark
     return Measured(
-        wall=time.perf_counter() - start, draft=s.phase_seconds["draft"] - draft,
+        wall=wall, draft=s.phase_seconds["draft"] - draft,
         target=s.phase_seconds["target"] - target, calls=s.drafter_calls - calls,
         scored=pending + offered, offered=offered, accepted=accepted,
-        read=row.drafter.caught_up if row.drafter is not None else 0)
+        read=row.drafter.caught_up if row.drafter is not None else 0,
+        call_tokens=call_tokens, records_call=records_call)

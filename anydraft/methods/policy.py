@@ -29,6 +29,14 @@ time (`probe_due`). While the drafter does not run its estimates fade, so a prob
 transient slowdown replaces stale numbers. The estimates live in the `Pairing` (or the
 decoder, without a drafter): a pair's next request starts from what the last one learned.
 
+In a batch (decoding/step.py) the rows whose targets are rows of one batch are scored in one
+call, and what one row drafts lengthens everyone's step. The call's cost is recorded once, at
+the call's total tokens (so T(n) is the cost of n tokens over any rows), and `allocate` shares
+the call out: each row's choice alone is the most it drafts, and drafts go, one row at a time,
+where they raise the batch's committed tokens per second. Where the curve is flat the rows
+draft as they would alone; where several rows already fill it (a linear curve) drafts shrink,
+towards plain batched decoding. One row alone gets exactly its own choice.
+
 The draft length never changes what is sampled, only how fast (every method is lossless for
 any k), but with adaptive drafting a seeded sample depends on timing: use a fixed draft length
 for run-to-run identical seeded samples. The measurements behind each mechanism are in
@@ -37,7 +45,7 @@ docs/adaptive-drafting.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 FORGET = 0.9  # weight kept by older steps per new observation: ~10 steps of memory
 FADE = 0.95  # weight kept by the drafter's estimates per step that does not run it
@@ -244,6 +252,16 @@ class Choice:
     acc: Acceptance | None = None
     ran: bool = False
     waited: tuple = ()
+    probe: bool = False  # a full draft due for re-measuring the drafter: `allocate` keeps it
+
+    def cut(self, k: int) -> Choice:
+        """This step with at most ``k`` candidates (`allocate`). Cut to none, the proposer sits
+        the step out, as when `best` prefers a plain step: its idle count grows."""
+        if k >= self.k:
+            return self
+        if k:
+            return replace(self, k=k)
+        return Choice(self.proposer, 0, 0, self.acc, False, (*self.waited, self.acc))
 
 
 @dataclass
@@ -258,6 +276,9 @@ class Measured:
     offered: int  # candidates
     accepted: int
     read: int  # backlog tokens the drafter read with its first pass
+    # the target call's tokens over all the rows it scored (None: a call of this row alone)
+    call_tokens: int | None = None
+    records_call: bool = True  # this row adds the call to the cost curve (one row per call and pair)
 
 
 class Policy:
@@ -327,11 +348,25 @@ class Policy:
             read = read_size(costs, self.context)
             return Choice(proposer, min(k, room(state)), read, acc, True, waited)
         if probe_due(self.max_k, costs, acc, backlog, free):
-            return Choice(proposer, min(self.max_k, room(state)), PROBE_READ, acc, True, waited)
+            return Choice(proposer, min(self.max_k, room(state)), PROBE_READ, acc, True, waited, True)
         return Choice(proposer, 0, 0, acc, False, (*waited, acc))
+
+    def bid(self, choice: Choice, state, drafter=None) -> Bid:
+        """``choice`` as one row of a shared target call (`allocate`). A fixed draft length and
+        a probe are kept whole; renting and the first plain step chose no drafts already."""
+        free = choice.proposer == "copy"
+        return Bid(choice, self.estimates.costs, len(state.pending),
+                   not self.adaptive or choice.probe, free, 0 if free else self.backlog(drafter),
+                   state.budget)
+
+    def learns_call(self, choice: Choice) -> bool:
+        """Whether the step ``choice`` leads to adds its target call to the pair's cost curve:
+        adaptive, and not this proposer's first step (whose call also read the prompt)."""
+        return self.adaptive and choice.proposer != "plain" and self.steps[choice.proposer] > 0
 
     def observe(self, choice: Choice, step: Measured) -> None:
         """Learn from the step ``choice`` led to."""
+        learns = self.learns_call(choice) and step.records_call
         if choice.ran:
             choice.acc.idle = 0
         for acc in choice.waited:
@@ -342,8 +377,8 @@ class Policy:
         if not self.adaptive:
             return
         c, acc = self.estimates.costs, choice.acc
-        if self.steps[choice.proposer] > 1:  # the first step's target call also reads the prompt
-            c.target.setdefault(step.scored, Mean()).add(step.target)
+        if learns:
+            c.target.setdefault(step.call_tokens or step.scored, Mean()).add(step.target)
         rest = max(0.0, step.wall - step.draft - step.target)
         if step.calls:
             if step.read <= FREE_READ:
@@ -363,3 +398,79 @@ class Policy:
                 mean.fade()
         if step.offered:
             acc.add(step.offered, step.accepted)
+
+
+# -- rows that share one target call ---------------------------------------------------------
+@dataclass(frozen=True)
+class Bid:
+    """One row of a shared target call, as `allocate` sees it: its `Choice` (at most
+    ``choice.k`` candidates; ``fixed``: exactly those), the ``pending`` tokens the call scores
+    before them, its pair's ``costs``; ``free``: copies (no drafter pass); ``backlog``: tokens
+    the drafter reads first, paid for by the ``budget`` tokens still wanted."""
+
+    choice: Choice
+    costs: Costs
+    pending: int = 1
+    fixed: bool = False
+    free: bool = False
+    backlog: int = 0
+    budget: int = 1 << 30
+
+
+def _terms(bid: Bid, k: int) -> tuple:
+    """``(expected tokens, drafter seconds, overhead seconds, read seconds, tokens scored)`` of
+    ``bid``'s row with ``k`` candidates, priced as `expected_rate` prices them."""
+    choice, costs = bid.choice, bid.costs
+    if choice.acc is None:  # no proposer: a plain step
+        return 1.0, 0.0, costs.plain_overhead.value, 0.0, bid.pending
+    acc, draft = choice.acc, (0.0 if bid.free else costs.draft.value or 0.0)
+    m = acc.ratio.value * k
+    expected = acc.expected_tokens(m)
+    if not k or bid.free:
+        return expected, k * draft, costs.plain_overhead.value, 0.0, bid.pending + m
+    read = costs.read_seconds(bid.backlog) * expected / max(bid.budget, 1)
+    return expected, k * draft, acc.overhead.value, read, bid.pending + m
+
+
+def allocate(bids: list[Bid]) -> list[int]:
+    """Joint draft lengths for the rows of one target call: the k's that raise the batch's
+    expected committed tokens per second, ``sum E_r / (sum k_r d_r + T(sum n_r) + sum o_r)``
+    with n_r the row's pending tokens and candidates (drafters run one row after another).
+
+    Each row's own choice is the most it drafts (beside rows that fill the call too, a draft
+    seldom buys more than alone; the cap keeps `room` and renting). From no drafts, the move
+    that most raises the rate, one row's k raised to any k up to its choice, is taken until
+    none helps (one draft at a time would never start a draft that pays only with the ones
+    after it: acceptance that rises along a draft, a drafting overhead). One row alone gets
+    `best`'s k, to the last bit. Fixed rows, and rows whose drafter was never timed, keep
+    their k; the call's curve is its first row's with one (the rows of a call share a
+    target)."""
+    ks = [bid.choice.k for bid in bids]
+    curve = next((c for c in (bid.costs.target_curve() for bid in bids) if c is not None), None)
+    if curve is None:
+        return ks
+    options = []  # per row: k -> its terms, for each k it may take
+    for i, bid in enumerate(bids):
+        timed = bid.free or bid.choice.acc is None or bid.costs.draft.value is not None
+        if bid.fixed or not timed:
+            options.append({ks[i]: _terms(bid, ks[i])})
+        else:
+            options.append({k: _terms(bid, k) for k in range(ks[i] + 1)})
+            ks[i] = 0
+
+    def rate(totals):
+        expected, drafts, overheads, reads, tokens = totals
+        return expected / (drafts + curve(tokens) + overheads + reads)
+
+    while True:
+        totals = [sum(x) for x in zip(*(options[i][k] for i, k in enumerate(ks)), strict=True)]
+        now, move = rate(totals), None
+        for i, k in enumerate(ks):
+            for more, terms in options[i].items():
+                if more > k:
+                    r = rate([t - o + n for t, o, n in zip(totals, options[i][k], terms, strict=True)])
+                    if r > now:  # ties: the earlier row, the shorter draft
+                        now, move = r, (i, more)
+        if move is None:
+            return ks
+        ks[move[0]] = move[1]

@@ -4,6 +4,7 @@ lengths (0 included) changes what any method samples."""
 import dataclasses
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,12 +18,14 @@ from anydraft.methods.policy import (
     PROBE_READ,
     PROBE_SHARE,
     Acceptance,
+    Bid,
     Choice,
     Costs,
     Estimates,
     Mean,
     Measured,
     Policy,
+    allocate,
     best,
     read_size,
     room,
@@ -337,3 +340,169 @@ def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
         assert not choice.waited
         ks.append(choice.k)
     assert ks[:23] == [0] * 23 and all(k > 0 for k in ks[23:])
+
+
+# -- rows that share one target call ---------------------------------------------------------
+
+def bids(c: Costs, acc: Acceptance, rows: int, k: int = 5) -> list[Bid]:
+    """``rows`` alike rows, each choosing up to k drafts on its own."""
+    return [Bid(Choice("draft", k, 0, acc, True), c) for _ in range(rows)]
+
+
+@given(t1=seconds, slope=st.floats(0.0, 0.3), d=st.floats(0.0001, 0.5), a=st.lists(share, min_size=1, max_size=6),
+       overhead=st.floats(0.0, 0.3), plain=st.floats(0.0, 0.1), backlog=st.integers(0, 300),
+       budget=st.integers(1, 500))
+def test_one_row_alone_drafts_as_best(t1, slope, d, a, overhead, plain, backlog, budget):
+    """Whatever the costs, one row's allocation is `best`'s k, even where one draft loses and
+    several win (acceptance rising along the draft, a drafting overhead, a backlog to read)."""
+    c = costs({1: t1, 9: t1 + 8 * slope * t1}, d * t1, read=0.01 * d * t1)
+    c.plain_overhead = Mean(plain * t1)
+    acc = acceptance(*a)
+    acc.overhead = Mean(overhead * t1)
+    row = Bid(Choice("draft", 8, 0, acc, True), c, backlog=backlog, budget=budget)
+    assert allocate([row]) == [best(8, c, acc, budget=budget, backlog=backlog)[0]]
+
+
+def test_rows_that_fill_the_call_draft_less():
+    """A target whose call costs 0.1 s plus 5 ms a token: one row drafts all 5, two rows a
+    little less, eight rows (who fill the call between them) none. On a flat curve drafts
+    cost only their drafter passes (one row after another): a cheap drafter keeps drafting."""
+    c, acc = costs({1: 0.1, 9: 0.14}, 0.01), acceptance(0.8)
+    assert best(5, c, acc)[0] == 5
+    assert allocate(bids(c, acc, 1)) == [5]
+    assert 0 < sum(allocate(bids(c, acc, 2))) < 10
+    assert allocate(bids(c, acc, 8)) == [0] * 8
+    flat = costs({1: 0.1, 9: 0.1}, 0.001)
+    assert allocate(bids(flat, acc, 8)) == [5] * 8
+
+
+@pytest.mark.parametrize("rows", [2, 3, 8])
+def test_a_linear_curve_batches_plainly(rows):
+    """A call that costs little besides its tokens (T(n) = 0.02 + 0.1 n): alone, a row with a
+    cheap, well-accepted drafter drafts (the call's fixed cost, spread over more tokens);
+    a few rows already spread it, and draft nothing."""
+    c, acc = costs({1: 0.12, 9: 0.92}, 0.001), acceptance(0.9)
+    assert best(5, c, acc)[0] > 0 and allocate(bids(c, acc, 1)) == [best(5, c, acc)[0]]
+    assert allocate(bids(c, acc, rows)) == [0] * rows
+    assert allocate(bids(costs({1: 0.1, 9: 0.9}, 0.001), acc, 1)) == [0]  # T(n) = 0.1 n: never
+
+
+@given(t1=seconds, slope=st.floats(0.0, 0.3), d=st.floats(0.0001, 0.5), a=st.lists(share, min_size=1, max_size=5),
+       overhead=st.floats(0.0, 0.3))
+def test_adding_rows_never_lengthens_drafts(t1, slope, d, a, overhead):
+    c, acc = costs({1: t1, 9: t1 + 8 * slope * t1}, d * t1), acceptance(*a)
+    acc.overhead = Mean(overhead * t1)
+    before = allocate(bids(c, acc, 1, 8))
+    for rows in range(2, 7):
+        ks = allocate(bids(c, acc, rows, 8))
+        assert all(k <= was for k, was in zip(ks, before, strict=False)) and max(ks) <= max(before)
+        before = ks
+
+
+def test_fixed_rows_keep_their_drafts_and_fill_the_call():
+    """A probe and an untimed drafter keep their k, and the row beside them drafts less than
+    alone (5); so it does beside a plain row (no drafter, nothing measured)."""
+    c, acc = costs({1: 0.1, 9: 0.14}, 0.01), acceptance(0.8)
+    assert allocate(bids(c, acc, 1)) == [5]
+    probe = Bid(Choice("draft", 5, PROBE_READ, acc, True, probe=True), c, fixed=True)
+    untimed = Bid(Choice("draft", 5, 0, acc, True), costs({1: 0.1, 9: 0.14}, 0.01))
+    untimed.costs.draft = Mean()
+    first, k, last = allocate([probe, *bids(c, acc, 1), untimed])
+    assert first == last == 5 and k < 5
+    k, plain = allocate([*bids(c, acc, 1), Bid(Choice("plain", 0), Costs())])
+    assert plain == 0 and 0 < k < 5
+    assert allocate(bids(Costs(), acc, 3)) == [5] * 3  # no curve yet: draft, and learn from it
+
+
+def test_a_cut_choice_sits_the_step_out():
+    acc = acceptance(0.8)
+    choice = Choice("draft", 5, 40, acc, True)
+    assert choice.cut(5) is choice and choice.cut(3) == Choice("draft", 3, 40, acc, True)
+    assert choice.cut(0) == Choice("draft", 0, 0, acc, False, (acc,))  # its idle count grows
+
+
+def toy_rows(toys, make, prompts, settings):
+    """Rows of one `SerialBatch` of toy targets, each made by ``make(pairing)`` (one adaptive
+    pairing shared, as a Decoder shares it); the batch records each call's tokens."""
+    from anydraft.decoding import DecodeState
+    from anydraft.models.batch import RowView, SerialBatch
+
+    class Counting(SerialBatch):
+        def feed_rows(self, feeds, rows):
+            self.tokens.append(sum(len(ids) for ids in feeds.values()))
+            return super().feed_rows(feeds, rows)
+
+    pairing = dataclasses.replace(toys.pairing(num_draft_tokens=3), adaptive=True)
+    batch = Counting(toys.target_session, len(prompts))
+    batch.tokens = []
+    rows = [make(pairing).start(DecodeState(RowView(batch), list(prompt), params(**settings),
+                                            torch.Generator().manual_seed(i)))
+            for i, prompt in enumerate(prompts)]
+    return rows, batch, pairing
+
+
+def run_rows(rows, eos, steps=40, length=40) -> list[list[int]]:
+    """Step the rows together, as `decode_batch` does, each to ``length`` tokens or an EOS;
+    each row's new tokens."""
+    from anydraft.decoding.step import step
+
+    news = [[] for _ in rows]
+    for _ in range(steps):
+        live = [i for i, row in enumerate(rows) if len(row.state.committed) < length and not eos & set(news[i])]
+        for i in live:
+            rows[i].state.budget = length - len(rows[i].state.committed)
+        for i, (new, _) in zip(live, step([rows[i] for i in live]) if live else [], strict=True):
+            rows[i].state.committed.extend(new)
+            news[i] += new
+    return news
+
+
+def test_a_shared_call_is_recorded_once_at_its_total_tokens(toys):
+    """Three rows, one call per step: the pair's cost curve gets one measurement per call, at
+    the tokens of all three rows together, from the second step on (the first reads the
+    prompts)."""
+    recorded = []
+
+    class Spy(dict):
+        def setdefault(self, n, default=None):
+            recorded.append(n)
+            return super().setdefault(n, default)
+
+    rows, batch, pairing = toy_rows(toys, StringLevelExactMatch, [PROMPT, [1, 2], [3, 3, 3, 1]], {})
+    pairing.estimates.costs.target = Spy()
+    run_rows(rows, toys.target_table.eos_ids, steps=6, length=60)
+    assert len(batch.tokens) == 6 and recorded == batch.tokens[1:]
+
+
+@pytest.mark.parametrize("method", ["slem", "tli", "slrs", "lookup"])
+def test_rows_of_a_call_keep_their_output_under_any_allocation(toys, method, monkeypatch):
+    """Random joint draft lengths (any cut of each row's own choice) leave every row's greedy
+    output the target's own, as plain decoding of the same rows gives it."""
+    import random
+
+    from anydraft.decoding import step as step_module
+    from anydraft.methods.ar import Autoregressive
+    from anydraft.methods.lookup import PromptLookup
+
+    def make(pairing):
+        if method == "lookup":  # with a drafter: copies and drafts
+            return PromptLookup(3, True, StringLevelExactMatch(pairing), pairing.estimates)
+        return {"slem": StringLevelExactMatch, "tli": TokenLevelIntersection,
+                "slrs": StringLevelRejectionSampling}[method](pairing)
+
+    prompts = [PROMPT, [2, 3], [1, 2, 3, 1, 2, 3, 1], [3]]
+    rng = random.Random(0)
+    cuts = []
+
+    def allocate(bids):
+        cuts.extend(b.choice.k for b in bids)
+        return [rng.randint(0, b.choice.k) for b in bids]
+
+    monkeypatch.setattr(step_module, "allocate", allocate)
+    drafted = toy_rows(toys, make, prompts, dict(temperature=0.0))[0]
+    plain = toy_rows(toys, lambda pairing: Autoregressive(), prompts, dict(temperature=0.0))[0]
+    eos = toys.target_table.eos_ids
+    drafted, plain = run_rows(drafted, eos), run_rows(plain, eos)
+    assert any(cuts)  # rows chose drafts, and the allocation cut them at random
+    for d, p in zip(drafted, plain, strict=True):
+        assert d[:len(p)] == p  # (a drafting step may commit tokens after an EOS)
