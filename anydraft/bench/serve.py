@@ -13,7 +13,6 @@ completion tokens from the stream's `usage`. Light at import time (argparse only
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import shlex
@@ -164,11 +163,11 @@ def free_port() -> int:
 class ServerProcess:
     """`anydraft serve` in a subprocess, its output in ``log_path``."""
 
-    def __init__(self, cmd: list[str], log_path: Path):
+    def __init__(self, cmd: list[str], log_path: Path, **env_vars: str):
         import os
         import subprocess
 
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **env_vars)
         env.pop("ANYDRAFT_API_KEY", None)  # the clients send no key
         self.log_path = log_path
         self._log = open(log_path, "wb")
@@ -195,10 +194,14 @@ class ServerProcess:
         raise AnydraftError(self.failure(f"did not answer /health within {timeout:g} s "
                                          "(--startup-timeout)", label))
 
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
     def failure(self, what: str, label: str) -> str:
         """The error line of the log first (argparse's or anydraft's), then the log's tail."""
-        self._log.flush()
-        lines = self.log_path.read_text(errors="replace").splitlines()
+        lines = self.log().splitlines()
         errors = [line for line in lines if ": error: " in line]
         tail = "\n".join("  " + line for line in lines[-LOG_TAIL:]) or "  (empty)"
         return (f"the server for configuration {label!r} {what}"
@@ -568,22 +571,3 @@ def cmd_bench_serve(args) -> int:
         return 1
     return 0
 
-
-def main(argv=None) -> int:
-    """Run `bench-serve` alone: `python -m anydraft.bench.serve --target ...`."""
-    from ..errors import AnydraftError
-
-    parser = argparse.ArgumentParser(prog="anydraft")
-    register(parser.add_subparsers(dest="command", required=True))
-    argv = ["bench-serve", *(argv if argv is not None else sys.argv[1:])]
-    args = parser.parse_args(argv)
-    args.argv = argv
-    try:
-        return args.func(args)
-    except AnydraftError as exc:
-        print(f"anydraft: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
