@@ -68,6 +68,7 @@ class ServerConfig:
     # Host names accepted: None = loopback names only (the safe default); "*" = any
     allowed_hosts: tuple[str, ...] | None = None
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # empty: no CORS headers
+    replica: str | None = None  # a Ray Serve replica's id: a `replica` label on every metric
 
 
 def public_name(name: str | None) -> str | None:
@@ -316,7 +317,7 @@ class Gate:
 def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     """The app serving ``decoders`` (one worker thread each; they should share one model)."""
     scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client, config.max_batch)
-    metrics = Metrics(scheduler, model=config.model_id)
+    metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
     created = int(time.time())

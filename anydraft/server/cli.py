@@ -55,6 +55,7 @@ def register(sub) -> None:
                    help="the model id clients send (default: --target; a local path: its last part)")
     s.add_argument("--max-body-bytes", type=int, default=2 * 2**20)
     s.add_argument("--log-level", default="info")
+    add_ray_options(s)
     s.set_defaults(func=cmd_serve)
 
 
@@ -83,9 +84,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
+def check_serve_args(args: argparse.Namespace) -> None:
+    """The option checks that need no model (AnydraftError naming the option)."""
     from ..errors import AnydraftError
 
     if args.max_concurrency < 1:
@@ -104,20 +104,54 @@ def cmd_serve(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise AnydraftError(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    _proxies(args)
+
+
+def _proxies(args) -> tuple:
+    from ..errors import AnydraftError
+
     try:
-        proxies = tuple(ipaddress.ip_network(p, strict=False) for p in args.trusted_proxies)
+        return tuple(ipaddress.ip_network(p, strict=False) for p in args.trusted_proxies)
     except ValueError as exc:
         raise AnydraftError(f"--trusted-proxies: {exc}") from None
+
+
+def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None, **extra):
+    """The `ServerConfig` of the options (``extra``: more of its fields)."""
+    from .app import ServerConfig, public_name
+
+    allowed_hosts = args.allowed_hosts
+    if allowed_hosts is None and not is_loopback(args.host):
+        allowed_hosts = ("*",)  # reachable by name from elsewhere: any Host may be right
+    return ServerConfig(
+        model_id=args.served_model_name or public_name(args.target), api_key=api_key,
+        max_queue=args.max_queue, max_queued_per_client=args.max_queued_per_client, max_batch=max_batch,
+        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
+        request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
+        trusted_proxies=_proxies(args),
+        allowed_hosts=tuple(h.lower().strip("[]") for h in allowed_hosts) if allowed_hosts else None,
+        cors_origins=tuple(args.cors_origins), **extra)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from ..errors import AnydraftError
+
+    check_serve_args(args)
+    check_ray_options(args)
     api_key = args.api_key or os.environ.get("ANYDRAFT_API_KEY") or None
     if not is_loopback(args.host):
         print(f"anydraft: WARNING: binding to {args.host}, which is not a loopback address: "
               "anyone who can reach this machine can use the server"
               + ("" if api_key else " (and no --api-key is set)"), file=sys.stderr, flush=True)
+    if args.ray:
+        return serve_on_ray(args, api_key)
 
     try:
         import uvicorn
 
-        from .app import ServerConfig, create_app, public_name
+        from .app import create_app
     except ImportError as exc:
         raise AnydraftError(
             f"anydraft serve needs the server extra ({exc.name} is missing): "
@@ -126,17 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     decoders = build_decoders(args)
     max_batch = choose_max_batch(decoders[0], args)
-    allowed_hosts = args.allowed_hosts
-    if allowed_hosts is None and not is_loopback(args.host):
-        allowed_hosts = ("*",)  # reachable by name from elsewhere: any Host may be right
-    config = ServerConfig(
-        model_id=args.served_model_name or public_name(args.target), api_key=api_key,
-        max_queue=args.max_queue, max_queued_per_client=args.max_queued_per_client, max_batch=max_batch,
-        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
-        request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
-        trusted_proxies=proxies,
-        allowed_hosts=tuple(h.lower().strip("[]") for h in allowed_hosts) if allowed_hosts else None,
-        cors_origins=tuple(args.cors_origins))
+    config = server_config(args, max_batch, api_key)
     app = create_app(decoders, config)
     print(f"anydraft: serving {config.model_id!r} (method {decoders[0].draft.method}, "
           f"{len(decoders)} worker{'s' if len(decoders) > 1 else ''} of up to {max_batch} "
@@ -148,3 +172,63 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 timeout_graceful_shutdown=5, proxy_headers=False,
                 limit_concurrency=args.max_connections)
     return 0
+
+
+# -- Ray Serve (anydraft/server/deploy.py) ----------------------------------------------------
+def add_ray_options(s) -> None:
+    g = s.add_argument_group("Ray Serve (pip install 'anydraft[ray]')")
+    g.add_argument("--ray", action="store_true",
+                   help="serve as a Ray Serve application: Ray's proxy on --host:--port, "
+                        "replicas behind it, each a whole server with its own models")
+    scale = g.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=int, default=None,
+                       help="replicas to run (default 1)")
+    scale.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                       help="let Ray run between MIN and MAX replicas, by requests in flight")
+    g.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
+                   help="the Ray cluster to deploy on ('auto': the one started on this machine "
+                        "by `ray start`); default: start a local Ray instance for this command")
+    g.add_argument("--replica-cpus", type=float, default=None,
+                   help="CPUs each replica reserves (and its torch threads); default: "
+                        "--max-concurrency on the CPU, 1 with a GPU")
+
+
+def autoscale_range(text: str) -> tuple[int, int]:
+    from ..errors import AnydraftError
+
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = -1
+    if not sep or lo < 0 or hi < 1 or lo > hi:
+        raise AnydraftError(f"--autoscale takes MIN:MAX, two whole numbers with 0 <= MIN <= MAX "
+                            f"and MAX >= 1, e.g. 1:4; got {text!r}")
+    return lo, hi
+
+
+def check_ray_options(args: argparse.Namespace) -> None:
+    from ..errors import AnydraftError
+
+    given = [flag for flag, value in (("--replicas", args.replicas), ("--autoscale", args.autoscale),
+                                      ("--ray-address", args.ray_address),
+                                      ("--replica-cpus", args.replica_cpus)) if value is not None]
+    if given and not args.ray:
+        raise AnydraftError(f"{given[0]} needs --ray")
+    if args.replicas is not None and args.replicas < 1:
+        raise AnydraftError(f"--replicas must be at least 1, got {args.replicas}")
+    if args.autoscale is not None:
+        autoscale_range(args.autoscale)
+    if args.replica_cpus is not None and not args.replica_cpus > 0:
+        raise AnydraftError("--replica-cpus must be a positive number")
+
+
+def serve_on_ray(args: argparse.Namespace, api_key: str | None) -> int:
+    from ..errors import AnydraftError
+
+    try:
+        from . import deploy
+    except ImportError as exc:
+        raise AnydraftError(f"anydraft serve --ray needs Ray Serve ({exc.name} is missing): "
+                            "pip install 'anydraft[ray]'") from exc
+    return deploy.run_in_foreground(args, api_key)

@@ -17,22 +17,25 @@ RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 class _ForModel:
-    """A labelled metric with its ``model`` label already filled in."""
+    """A labelled metric with its ``model`` (and ``replica``) labels already filled in."""
 
-    def __init__(self, metric, model: str):
-        self.metric, self.model = metric, model
+    def __init__(self, metric, fixed: tuple[str, ...]):
+        self.metric, self.fixed = metric, fixed
 
     def labels(self, *values):
-        return self.metric.labels(self.model, *values)
+        return self.metric.labels(*self.fixed, *values)
 
 
 class Metrics:
-    def __init__(self, scheduler=None, model: str = ""):
+    def __init__(self, scheduler=None, model: str = "", replica: str | None = None):
+        """``replica``: a Ray Serve replica's id, as a ``replica`` label on every series
+        (several replicas' series then stay apart wherever they are gathered)."""
         r = self.registry = CollectorRegistry()
+        names, fixed = (("model", "replica"), (model, replica)) if replica else (("model",), (model,))
 
         def metric(kind, name, doc, labels=(), **kw):
-            m = kind(name, doc, ["model", *labels], registry=r, **kw)
-            return _ForModel(m, model) if labels else m.labels(model)
+            m = kind(name, doc, [*names, *labels], registry=r, **kw)
+            return _ForModel(m, fixed) if labels else m.labels(*fixed)
 
         self.requests = metric(Counter, "anydraft_requests", "HTTP requests by endpoint and "
                                "status code (499: the client left first)", ["endpoint", "status"])
