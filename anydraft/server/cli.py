@@ -191,6 +191,9 @@ def add_ray_options(s) -> None:
     g.add_argument("--replica-cpus", type=float, default=None,
                    help="CPUs each replica reserves (and its torch threads); default: "
                         "--max-concurrency on the CPU, 1 with a GPU")
+    g.add_argument("--replica-metrics-port", type=int, default=None, metavar="PORT",
+                   help="each replica also serves its own /metrics on PORT + its rank on its "
+                        "node, for Prometheus to scrape replica by replica")
 
 
 def autoscale_range(text: str) -> tuple[int, int]:
@@ -212,7 +215,9 @@ def check_ray_options(args: argparse.Namespace) -> None:
 
     given = [flag for flag, value in (("--replicas", args.replicas), ("--autoscale", args.autoscale),
                                       ("--ray-address", args.ray_address),
-                                      ("--replica-cpus", args.replica_cpus)) if value is not None]
+                                      ("--replica-cpus", args.replica_cpus),
+                                      ("--replica-metrics-port", args.replica_metrics_port))
+             if value is not None]
     if given and not args.ray:
         raise AnydraftError(f"{given[0]} needs --ray")
     if args.replicas is not None and args.replicas < 1:
@@ -221,6 +226,8 @@ def check_ray_options(args: argparse.Namespace) -> None:
         autoscale_range(args.autoscale)
     if args.replica_cpus is not None and not args.replica_cpus > 0:
         raise AnydraftError("--replica-cpus must be a positive number")
+    if args.replica_metrics_port is not None and not 0 < args.replica_metrics_port < 65536:
+        raise AnydraftError("--replica-metrics-port must be in 1..65535")
 
 
 def serve_on_ray(args: argparse.Namespace, api_key: str | None) -> int:

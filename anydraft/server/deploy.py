@@ -178,12 +178,12 @@ def run_in_foreground(args: argparse.Namespace, api_key: str | None) -> int:
 
     local = args.ray_address is None
     bound = bind(args, api_key, replicas=args.replicas, autoscale=args.autoscale,
-                 replica_cpus=args.replica_cpus)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+                 replica_cpus=args.replica_cpus, metrics_port=args.replica_metrics_port)
     ray.init(address="local" if local else args.ray_address, include_dashboard=False,
              logging_level="WARNING")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(bound, name=APP_NAME, route_prefix="/")
@@ -195,7 +195,24 @@ def run_in_foreground(args: argparse.Namespace, api_key: str | None) -> int:
         print("anydraft: stopping the Ray Serve application", file=sys.stderr, flush=True)
         if local:
             serve.shutdown()
+            _stop_local_ray()
         else:
             serve.delete(APP_NAME)
-        ray.shutdown()
+            ray.shutdown()
     return 0
+
+
+def _stop_local_ray(grace: float = 10.0) -> None:
+    """Stop the Ray instance this process started, and every process of it: its agents can
+    outlive a driver that exits right after `ray.shutdown` (seen with Ray 2.60)."""
+    import psutil
+    import ray
+
+    started = psutil.Process().children(recursive=True)
+    ray.shutdown()
+    _, alive = psutil.wait_procs(started, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

@@ -39,14 +39,14 @@ def _ray_processes(session_dir: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def ray_base(model_dir):
+def ray_serve(model_dir):
     """The proxy's base URL, two replicas behind it (each one worker of one row, drafting
     with the target itself, --fixed-k). Torn down at the end; no Ray process may be left."""
     import psutil
 
     from anydraft.server import deploy
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
              object_store_memory=80 * 2**20, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
@@ -55,9 +55,9 @@ def ray_base(model_dir):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         bound = deploy.app(target=str(model_dir), served_model_name=MODEL_ID, dtype="float32",
-                           drafter=str(model_dir), fixed_k=True, max_batch=1, replicas=2)
+                           drafter=str(model_dir), fixed_k=True, max_batch=1, replicas=2, metrics_port=metrics_port)
         serve.run(bound, name=deploy.APP_NAME, route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", metrics_port
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -70,6 +70,11 @@ def ray_base(model_dir):
             break
         time.sleep(0.5)
     assert not left, f"Ray processes left after shutdown: {left}"
+
+
+@pytest.fixture(scope="module")
+def ray_base(ray_serve) -> str:
+    return ray_serve[0]
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +147,19 @@ def test_each_replica_answers_and_labels_its_metrics(ray_base):
         if len(seen) == 2:
             break
     assert len(seen) == 2, "Ray's proxy sent every request to one replica"
+
+
+def test_each_replica_serves_its_own_metrics_port(ray_serve):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, metrics_port = ray_serve
+    httpx.get(f"{base}/health", timeout=30)
+    replicas = set()
+    for port in (metrics_port, metrics_port + 1):  # ranks 0 and 1 on this node
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        replicas |= {s.labels["replica"] for f in text_string_to_metric_families(text)
+                     for s in f.samples if s.name.startswith("anydraft_")}
+    assert len(replicas) == 2
 
 
 def _stream(base: str, body: dict, out: dict, timeout: float = 60) -> None:
