@@ -70,6 +70,18 @@ class GenerationOutput:
 
 
 @dataclass
+class Piece:
+    """What a generation hands out at once: new text, where each run of it came from, and the
+    steps that made it (for the playground's colors and timeline, issue 23)."""
+
+    text: str = ""
+    spans: list[tuple[str, str]] = field(default_factory=list)  # (text, origin); they join to `text`
+    # every step since the last piece: its proposer ("draft", "copy", "plain"), the candidates
+    # it offered, how many of them were kept, the tokens it committed, its seconds
+    steps: list[dict] = field(default_factory=list)
+
+
+@dataclass
 class Finish:
     reason: str = "length"  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
 
@@ -105,7 +117,8 @@ class Generation:
         self.generated = 0
         self.done = False
         self._drafted = 0  # the state's drafted count before the step `ready` allowed
-        self._start = time.perf_counter()
+        self._start = self._stepped = time.perf_counter()
+        self._steps: list[dict] = []  # steps not yet handed out by `piece`
 
     def start(self, chunks: int | None = None) -> bool:
         """Read the prompt and start the method; whether it started. The prompt is read in
@@ -145,6 +158,7 @@ class Generation:
         else:
             state.budget = self.max_new_tokens - self.generated
             self._drafted = state.stats.drafted
+            self._stepped = time.perf_counter()
             return True
         self.close()
         self.done = True
@@ -154,16 +168,19 @@ class Generation:
         """Commit what a step produced up to the first stop condition; the tokens kept.
 
         Tokens after a stop condition within one step are discarded (the target saw them only
-        as unverified candidates, or as tokens nobody asked for)."""
+        as unverified candidates, or as tokens nobody asked for). Each token's origin goes to
+        the text: an accepted candidate is its proposer's (the row's last choice: "draft" or
+        "copy"), the step's last token the target's own."""
         assert new, f"method {self.method.name} committed nothing"
         stats, kept = self.state.stats, []
         offered = stats.drafted - self._drafted  # draft tokens the step offered the target
-        for token in new[: self.max_new_tokens - self.generated]:
+        proposer = self.row.proposed
+        for i, token in enumerate(new[: self.max_new_tokens - self.generated]):
             kept.append(token)
             if token in self.eos_ids:
                 self.finish.reason = "eos"
                 break
-            if self.text.add(token):
+            if self.text.add(token, proposer if i < n_accepted else "target"):
                 self.finish.reason = "stop"
                 break
         self.state.committed.extend(kept)
@@ -178,6 +195,9 @@ class Generation:
         stats.target_tokens += len(kept) - min(n_accepted, len(kept))
         stats.new_tokens = self.generated
         self.close()
+        self._steps.append({"proposer": proposer if offered else "plain", "offered": offered,
+                            "accepted": min(n_accepted, len(kept)), "tokens": len(kept),
+                            "seconds": round(time.perf_counter() - self._stepped, 6)})
         return kept
 
     def close(self) -> None:
@@ -191,7 +211,20 @@ class Generation:
 
     def delta(self) -> str:
         """New text since the last call (never half a UTF-8 character or a possible stop string)."""
-        return self.text.delta()
+        return self.piece().text
+
+    def piece(self) -> Piece:
+        """`delta` with its origins and the steps since the last piece; steps that showed no
+        text yet wait for the next piece with text, so a stream that sends only pieces with
+        text loses none. Once done, everything left: held-back text, an incomplete character at
+        the very end as U+FFFD, and the last steps."""
+        if self.done:
+            self.text.finish()
+        spans = self.text.delta_spans(final=self.done)
+        if not spans and not self.done:
+            return Piece()
+        steps, self._steps = self._steps, []
+        return Piece("".join(text for text, _ in spans), spans, steps)
 
     def result(self) -> tuple[str, GenerationOutput]:
         """Once done: the text not yet handed out by `delta`, and the whole output."""

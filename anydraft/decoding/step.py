@@ -29,7 +29,8 @@ from ..methods.verify import Proposal, verify_exact
 
 def step(rows: list[Row]) -> list[tuple[list[int], int]]:
     """Run one step of every row; return each row's ``(committed tokens, accepted drafts)``:
-    the first ``accepted`` tokens were candidates, the last is the target's own."""
+    the first ``accepted`` tokens were candidates (of the proposer it sets as ``row.proposed``),
+    the last is the target's own."""
     states = [row.state for row in rows]
     groups = calls(states)
     choices = _choose(rows, groups)
@@ -65,6 +66,7 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
         wall = proposing + waited + time.perf_counter() - start  # its own work, and the wait
         row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, *call))
         new = candidates[:n] + [token]
+        row.proposed = choice.proposer
         if row.drafter is not None:
             row.drafter.commit(new, n if choice.proposer == "draft" else 0)
         out.append((new, n))

@@ -16,6 +16,7 @@ class Row:
     drafting: object = None  # the drafter method's proposer (sd, slem, tli, slrs) or None
     drafter: Drafter | None = None  # the drafter model and its cache (with `drafting`)
     copying: object = None  # prompt lookup's proposer (lookup.PromptLookup) or None
+    proposed: str = "plain"  # the proposer of its latest step (whose candidates it accepted)
 
     def proposer(self, name: str):
         """The proposer a `Choice` names ("plain": the drafting one proposes nothing)."""

@@ -7,6 +7,10 @@ whose message carries an error id that the log line of the failure carries too.
 
 Only JSON bodies are taken, and (bound to loopback) only loopback Host names, so a web page a
 user visits cannot drive, or through DNS rebinding read, a local server without a key.
+
+``GET /`` is the playground (static/playground.html, issue 23): a page that streams an answer
+with each span colored by its origin (`Generation.piece`); it holds no secret, so it is served
+without the key, and asks for the key itself to call the API.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -46,7 +50,17 @@ log = logging.getLogger("anydraft.server")
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
                   "timeout": "length"}
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
-ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}
+PUBLIC = {"/health", "/"}  # answered without the API key (neither shows anything secret)
+PLAYGROUND = Path(__file__).parent / "static" / "playground.html"
+# the page is one self-contained file: it may load nothing from anywhere, call only this
+# server, and not be framed by another site
+PLAYGROUND_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+                               "style-src 'unsafe-inline'; connect-src 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache"}
 OPENAI_SAMPLING = SamplingParams(temperature=1.0)  # what a request leaves out (OpenAI's defaults)
 
 
@@ -247,7 +261,7 @@ def _user_error(exc: BaseException, prompt_param: str | None = None) -> ApiError
 
 
 class Gate:
-    """ASGI middleware: the Host check, bearer auth (except /health) and per-endpoint
+    """ASGI middleware: the Host check, bearer auth (except `PUBLIC` paths) and per-endpoint
     request metrics (499 for a client that left, streaming or not)."""
 
     def __init__(self, app, config: ServerConfig, metrics: Metrics):
@@ -294,7 +308,7 @@ class Gate:
                                     "address, or start the server with --allowed-hosts",
                                code="invalid_host")
                 await self._refuse(err, scope, receive, send_tracked)
-            elif self._key is not None and path != "/health" and not self._authorized(scope):
+            elif self._key is not None and path not in PUBLIC and not self._authorized(scope):
                 err = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
                 await self._refuse(err, scope, receive, send_tracked, {"WWW-Authenticate": "Bearer"})
@@ -397,7 +411,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
         prompt_param = "messages" if chat else "prompt"
         kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
-                      stop=req.stop_list)
+                      stop=req.stop_list, method=req.anydraft_method)
 
         def start(decoder, rows, job: Job):  # what fails here is the request's fault
             generation = decoder.start(prompt, rows=rows, cancel=job.stop_reason, **kwargs)
@@ -473,9 +487,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             while True:
                 kind, payload = await next_event(request, job)
                 if kind == "delta":
-                    if not parts:
+                    if not parts and payload.text:
                         first_token(request)
-                    parts.append(payload)
+                    if payload.text:
+                        parts.append(payload.text)
                 elif kind == "done":
                     done = True
                     break
@@ -514,21 +529,24 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                     "system_fingerprint": None, "choices": [choice], **extra}
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-        done, first = False, True
+        done, first, steps = False, True, []
         try:
             if chat:
                 yield chunk("", role=True)
             while True:
                 kind, payload = await next_event(request, job)
-                if kind == "delta":
+                if kind == "delta" and not payload.text:  # last steps that showed no text
+                    steps += payload.steps
+                elif kind == "delta":
                     if first:
                         first_token(request)
                         first = False
-                    yield chunk(payload)
+                    spans = [{"text": text, "origin": origin} for text, origin in payload.spans]
+                    yield chunk(payload.text, anydraft={"spans": spans, "steps": payload.steps})
                 elif kind == "done":
                     done = True
                     reason, usage, stats = finish(request, payload)
-                    extra = {"anydraft": stats}
+                    extra = {"anydraft": {**stats, "steps": steps}}
                     if not req.include_usage:  # the chunk the client sees last carries usage
                         extra["usage"] = usage
                     yield chunk(None, reason, **extra)
@@ -568,6 +586,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         req = await parse_body(request, CompletionRequest, config.max_body_bytes,
                                config.body_timeout)
         return await complete(request, req, chat=False)
+
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
+    async def playground():
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"), headers=PLAYGROUND_HEADERS)
 
     @app.get("/v1/models")
     async def models():

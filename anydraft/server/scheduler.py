@@ -197,13 +197,13 @@ class Scheduler:
                 continue
             for generation, done in news:
                 job = jobs[generation]
-                delta, output = generation.delta(), None
+                piece = generation.piece()  # once done: all that is left
+                # a step that showed no text goes out with the next piece; the last ones, if
+                # they showed none, with a piece of no text (its steps, for the final chunk)
+                if piece.text or (done and piece.steps):
+                    job.emit("delta", piece)
                 if done:
-                    tail, output = generation.result()
-                    delta += tail
-                if delta:
-                    job.emit("delta", delta)
-                if done:
+                    _, output = generation.result()
                     del jobs[generation]
                     self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
 

@@ -43,6 +43,9 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(None, max_length=512)
+    # extension: "ar" decodes this request plainly, without the server's --method (the
+    # playground's "compare with plain decoding"); nothing else may be chosen per request
+    anydraft_method: Literal["ar"] | None = None
 
     @model_validator(mode="after")
     def _supported(self):
