@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.server.conftest import MODEL_ID, wait_for
 
@@ -83,3 +84,25 @@ def test_generations_run_together_and_a_cancelled_row_leaves(batched_server, dec
     for t in threads:
         t.join(120)
     assert outs == refs
+
+
+@pytest.mark.parametrize("curve, rows", [
+    ({1: 1.0, 2: 1.0, 5: 1.0, 9: 1.0, 17: 1.1, 33: 2.0}, 16),  # flat: as many rows as allowed
+    ({1: 1.0, 2: 1.9, 5: 4.5, 9: 8.0, 17: 15.0, 33: 29.0}, 1),  # steep: one at a time
+    ({1: 0.252, 2: 0.292, 5: 0.340, 9: 0.463, 17: 0.665, 33: 1.005}, 6),  # the Zen 3, float32+onednn
+])
+def test_auto_max_batch_from_the_cost_curve(monkeypatch, curve, rows):
+    """The most rows whose call costs at most 1.5x one row's (read between measured sizes)."""
+    from types import SimpleNamespace
+
+    from anydraft.hardware import profile
+    from anydraft.server.workers import choose_max_batch
+
+    monkeypatch.setattr(profile, "curve_of", lambda *a, **k: curve)
+    decoder = SimpleNamespace(target=SimpleNamespace(batches=True, backend="torch"))
+    args = SimpleNamespace(max_batch="auto", max_concurrency=1, target="t")
+    assert choose_max_batch(decoder, args) == rows
+    assert choose_max_batch(decoder, SimpleNamespace(**{**vars(args), "max_concurrency": 2})) == 1
+    assert choose_max_batch(decoder, SimpleNamespace(**{**vars(args), "max_batch": 3})) == 3
+    decoder.target.batches = False  # rows one after another would only add waiting
+    assert choose_max_batch(decoder, args) == 1

@@ -76,6 +76,8 @@ def served(monkeypatch, make_decoder):
 
     got = {}
     monkeypatch.setattr(workers, "build_decoders", lambda args: [make_decoder()])
+    # `--max-batch auto` reads the target's cost curve (tests/server/test_batching.py)
+    monkeypatch.setattr(workers, "choose_max_batch", lambda decoder, args: 1)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(app=app, **kw))
 
     def run(*args: str) -> dict:

@@ -190,16 +190,20 @@ def test_the_page_streams_every_origin_compares_with_plain_and_shows_errors(play
             "return [...document.querySelectorAll(arguments[0] + ' .text span')]"
             ".map(s => [s.textContent, s.dataset.origin])", f"#out-{panel}")
 
-    run(REPETITIVE, "0", compare=True)
-    assert not page.find_element(By.ID, "error").is_displayed()
-    shown = spans("main")
-    expected = completion(playground).json()["choices"][0]["text"]
-    assert "".join(text for text, _ in shown) == expected
+    expected = None
+    for _ in range(3):  # which proposer a step takes follows measured costs: on a busy machine
+        run(REPETITIVE, "0", compare=True)  # a run may not copy; every run must be exact
+        assert not page.find_element(By.ID, "error").is_displayed()
+        shown = spans("main")
+        expected = expected or completion(playground).json()["choices"][0]["text"]
+        assert "".join(text for text, _ in shown) == expected
+        assert page.find_elements(By.CSS_SELECTOR, "#out-main .timeline .bar")
+        assert "tokens/s" in page.find_element(By.CSS_SELECTOR, "#out-main .stats").text
+        plain = spans("plain")  # lossless: plain decoding writes the same, all of it the target's
+        assert "".join(text for text, _ in plain) == expected and {o for _, o in plain} == {"target"}
+        if {origin for _, origin in shown} == ORIGINS:
+            break
     assert {origin for _, origin in shown} == ORIGINS, shown
-    assert page.find_elements(By.CSS_SELECTOR, "#out-main .timeline .bar")
-    assert "tokens/s" in page.find_element(By.CSS_SELECTOR, "#out-main .stats").text
-    plain = spans("plain")  # lossless: plain decoding writes the same, all of it the target's
-    assert "".join(text for text, _ in plain) == expected and {o for _, o in plain} == {"target"}
     page.save_screenshot(os.environ.get("ANYDRAFT_PLAYGROUND_SCREENSHOT") or str(tmp_path / "playground.png"))
 
     run("hello", "-1", compare=False)

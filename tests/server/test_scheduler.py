@@ -7,7 +7,48 @@ import threading
 
 import pytest
 
+from anydraft.decoding import GenerationOutput
+from anydraft.decoding.loop import Piece
 from anydraft.server.scheduler import Job, QueueFull, Scheduler
+
+
+class Finished:
+    """A generation without a model: ``work()`` runs when the batch starts it, and then it is
+    done (its output is ``work``'s return value as the text)."""
+
+    row = None
+
+    def __init__(self, work):
+        self.work, self.done, self.text = work, False, ""
+
+    def start(self, chunks=None) -> bool:
+        self.text, self.done = self.work(), True
+        return False
+
+    def ready(self) -> bool:
+        return False
+
+    def leave(self) -> None:
+        pass
+
+    def piece(self) -> Piece:
+        return Piece()
+
+    def result(self):
+        return "", GenerationOutput(self.text, [], "length")
+
+
+def job(work, loop, client="-") -> Job:
+    """A job whose generation runs ``work(job)`` in the worker thread."""
+    return Job(lambda decoder, rows, job: Finished(lambda: work(job)), loop, client=client)
+
+
+async def outcome(job: Job) -> tuple:
+    """The job's last event (after "started"): its kind and the output's text or the error."""
+    while (event := await asyncio.wait_for(job.events.get(), 5))[0] == "started":
+        pass
+    kind, payload = event
+    return kind, payload.text if kind == "done" else payload
 
 
 def test_round_robin_across_clients_and_bounded_queue():
@@ -15,28 +56,27 @@ def test_round_robin_across_clients_and_bounded_queue():
         loop = asyncio.get_running_loop()
         gate, order = threading.Event(), []
 
-        def work(decoder, job):
+        def work(job):
             gate.wait(5)
             order.append(job.client)
-            job.emit("done")
 
         sched = Scheduler([object()], max_queue=5, max_per_client=5)
         sched.start()
-        first = Job(work, loop, client="a")
+        first = job(work, loop, client="a")
         sched.submit(first)
         while sched.active == 0:
             await asyncio.sleep(0.01)
-        jobs = [Job(work, loop, client=c) for c in ("a", "a", "a", "b", "c")]
-        for job in jobs:
-            sched.submit(job)
+        jobs = [job(work, loop, client=c) for c in ("a", "a", "a", "b", "c")]
+        for j in jobs:
+            sched.submit(j)
         with pytest.raises(QueueFull) as exc:
-            sched.submit(Job(work, loop, client="d"))
+            sched.submit(job(work, loop, client="d"))
         assert exc.value.retry_after >= 1
         sched.cancel(jobs[1])  # a queued job that is cancelled leaves the queue at once
         assert sched.waiting == 4
         gate.set()
-        for job in [first, jobs[0], *jobs[2:]]:
-            assert await asyncio.wait_for(job.events.get(), 5) == ("done", None)
+        for j in [first, jobs[0], *jobs[2:]]:
+            assert await outcome(j) == ("done", None)
         sched.close()
         return order
 
@@ -50,18 +90,15 @@ def test_a_failing_job_does_not_kill_the_worker():
         sched = Scheduler([object()], max_queue=4, max_per_client=4)
         sched.start()
 
-        def boom(decoder, job):
+        def boom(decoder, rows, job):  # the request's generation cannot even start
             raise RuntimeError("boom")
 
-        def ok(decoder, job):
-            job.emit("done", 42)
-
-        bad, good = Job(boom, loop), Job(ok, loop)
+        bad, good = Job(boom, loop), job(lambda job: "42", loop)
         sched.submit(bad)
         sched.submit(good)
-        kind, exc = await asyncio.wait_for(bad.events.get(), 5)
+        kind, exc = await outcome(bad)
         assert kind == "error" and isinstance(exc, RuntimeError)
-        assert await asyncio.wait_for(good.events.get(), 5) == ("done", 42)
+        assert await outcome(good) == ("done", "42")
         sched.close()
 
     asyncio.run(main())
@@ -72,31 +109,30 @@ def test_each_client_may_hold_only_its_share_of_the_queue():
         loop = asyncio.get_running_loop()
         gate = threading.Event()
 
-        def work(decoder, job):
+        def work(job):
             gate.wait(5)
-            job.emit("done")
 
         sched = Scheduler([object(), object()], max_queue=8, max_per_client=2)
         sched.start()
-        running = [Job(work, loop, client="a"), Job(work, loop, client="a")]
-        for job in running:  # free workers: not counted against the share
-            sched.submit(job)
+        running = [job(work, loop, client="a"), job(work, loop, client="a")]
+        for j in running:  # free workers: not counted against the share
+            sched.submit(j)
         while sched.active < 2:
             await asyncio.sleep(0.01)
-        waiting = [Job(work, loop, client="a"), Job(work, loop, client="a")]
-        for job in waiting:
-            sched.submit(job)
+        waiting = [job(work, loop, client="a"), job(work, loop, client="a")]
+        for j in waiting:
+            sched.submit(j)
         with pytest.raises(QueueFull) as exc:
-            sched.submit(Job(work, loop, client="a"))
+            sched.submit(job(work, loop, client="a"))
         assert exc.value.per_client
-        others = [Job(work, loop, client="b"), Job(work, loop, client="b")]
-        for job in others:  # another client still has room
-            sched.submit(job)
+        others = [job(work, loop, client="b"), job(work, loop, client="b")]
+        for j in others:  # another client still has room
+            sched.submit(j)
         sched.cancel(waiting[0])  # a's place frees up
-        sched.submit(Job(work, loop, client="a"))
+        sched.submit(job(work, loop, client="a"))
         gate.set()
-        for job in running + waiting[1:] + others:
-            assert await asyncio.wait_for(job.events.get(), 5) == ("done", None)
+        for j in running + waiting[1:] + others:
+            assert await outcome(j) == ("done", None)
         sched.close()
 
     asyncio.run(main())
