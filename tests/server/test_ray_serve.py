@@ -47,11 +47,13 @@ def ray_serve(model_dir):
     from anydraft.server import deploy
 
     port, metrics_port = free_port(), free_port()
+    # processes of this test session that are not Ray's (the other tests' servers) stay
+    others = {p.pid for p in psutil.Process().children(recursive=True)}
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
              object_store_memory=80 * 2**20, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     session_dir = ray._private.worker._global_node.get_session_dir_path()
-    children = psutil.Process().children(recursive=True)
+    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in others]
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         bound = deploy.app(target=str(model_dir), served_model_name=MODEL_ID, dtype="float32",
@@ -61,7 +63,7 @@ def ray_serve(model_dir):
     finally:
         serve.shutdown()
         ray.shutdown()
-    children += psutil.Process().children(recursive=True)
+    children += [p for p in psutil.Process().children(recursive=True) if p.pid not in others]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
