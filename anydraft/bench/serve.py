@@ -323,14 +323,10 @@ async def run_level(base: str, bodies: list[dict], concurrency: int, rate: float
 
 # -- numbers --------------------------------------------------------------------------------
 def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile, linearly interpolated (numpy's default); None for no values."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """The q-th percentile, linearly interpolated; None for no values."""
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else None
 
 
 def aggregate(rows: list[dict], wall: float) -> dict:

@@ -46,7 +46,7 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
     shared = _shared(rows, choices, proposed, groups)
 
     start = time.perf_counter()
-    logits = score(states, proposed)
+    logits = score(states, proposed, groups)
     waited = time.perf_counter() - start  # every row waits for every call
 
     out = []
@@ -121,11 +121,11 @@ def _shared(rows: list[Row], choices: list, candidates: list, groups: list[list[
     return out
 
 
-def score(states: list, candidates: list[list[int]]) -> list[torch.Tensor]:
+def score(states: list, candidates: list[list[int]], groups: list[list[int]]) -> list[torch.Tensor]:
     """Each state's target logits for its pending tokens and candidates (`DecodeState.score`),
-    one target call per group of `calls`."""
+    one target call per group (`calls(states)`)."""
     out: list = [None] * len(states)
-    for group in calls(states):
+    for group in groups:
         if len(group) == 1 and getattr(states[group[0]].target, "batch", None) is None:
             out[group[0]] = states[group[0]].score(candidates[group[0]])
             continue

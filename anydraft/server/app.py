@@ -334,6 +334,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
+    page = PLAYGROUND.read_text(encoding="utf-8")
     created = int(time.time())
 
     @asynccontextmanager
@@ -589,7 +590,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
 
     @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def playground():
-        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"), headers=PLAYGROUND_HEADERS)
+        return HTMLResponse(page, headers=PLAYGROUND_HEADERS)
 
     @app.get("/v1/models")
     async def models():

@@ -141,13 +141,14 @@ def bind(args: argparse.Namespace, api_key: str | None, replicas=None, autoscale
          replica_cpus=None, replica_gpus=None, metrics_port=None):
     """The deployment of parsed `anydraft serve` options, bound (see `app`)."""
     from .cli import autoscale_range
+    from .workers import MAX_AUTO_BATCH
 
     if replicas is not None and autoscale is not None:
         raise AnydraftError("give replicas or autoscale, not both")
     if replicas is not None and int(replicas) < 1:
         raise AnydraftError(f"replicas must be at least 1, got {replicas}")
     # requests a replica takes at once: its rows at work and its own fair queue
-    rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else 16)
+    rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else MAX_AUTO_BATCH)
     deployment = {"max_ongoing_requests": rows + args.max_queue,
                   "ray_actor_options": _actor_options(args, replica_cpus, replica_gpus)}
     if autoscale is not None:

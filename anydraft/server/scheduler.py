@@ -167,9 +167,10 @@ class Scheduler:
     def _worker(self, decoder) -> None:
         from ..decoding import Batch
 
-        # a batch of one runs on a session of its own: exactly the path of `Decoder.generate`
-        rows = decoder.target.new_batch(self.max_batch) if self.max_batch > 1 else None
-        batch, jobs = Batch(), {}
+        def new_rows():  # a batch of one runs on a session of its own: `Decoder.generate`'s path
+            return decoder.target.new_batch(self.max_batch) if self.max_batch > 1 else None
+
+        rows, batch, jobs = new_rows(), Batch(), {}
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not batch:
@@ -193,7 +194,7 @@ class Scheduler:
                 # the shared call failed: every row of it fails, and the batch starts afresh
                 for generation in batch.clear():
                     self._end(jobs.pop(generation), "error", DecodingFailed(str(exc)))
-                rows = decoder.target.new_batch(self.max_batch) if self.max_batch > 1 else None
+                rows = new_rows()
                 continue
             for generation, done in news:
                 job = jobs[generation]

@@ -52,14 +52,10 @@ def choose_max_batch(decoder, args) -> int:
     import numpy as np
 
     from ..hardware.profile import curve_of
+    from ..options import progress
 
-    curve = curve_of(args.target, target, target.backend, progress=_say)
+    curve = curve_of(args.target, target, target.backend, progress=progress)
     sizes = sorted(curve)
     cost = np.interp(range(1, MAX_AUTO_BATCH + 1), sizes, [curve[m] for m in sizes])
     return int(np.flatnonzero(cost <= BATCH_LATENCY * curve[1]).max()) + 1
 
-
-def _say(message: str) -> None:
-    import sys
-
-    print(f"anydraft: {message}", file=sys.stderr, flush=True)
