@@ -20,6 +20,7 @@ from .bridge import token_table
 from .config import DraftConfig, check_method, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
+from .methods.policy import Estimates
 from .models.backends import LoadedModel, check_backend, check_target_device, load
 from .models.batch import BatchSession, RowView
 from .models.loading import parse_dtype, resolve_device
@@ -79,7 +80,26 @@ class Decoder:
                 )
         self.table = token_table(self.target.tokenizer)
         self.eos_ids = _eos_ids(self.target)
+        # what adaptive drafting learns about the pair, kept across requests (methods/policy.py)
+        self.estimates = Estimates()
         self._method_factory = methods.factory(self)
+
+    # -- learned statistics (anydraft/learned.py) ------------------------------------------
+    def save_stats(self, path) -> None:
+        """Write what adaptive drafting learned about this pair (acceptance, costs) to the
+        JSON file ``path``, atomically, for `load_stats` to seed another decoder with."""
+        from . import learned
+
+        learned.save(self, path)
+
+    def load_stats(self, path) -> str:
+        """Start from the statistics `save_stats` wrote to ``path``, as if this decoder had
+        learned them itself (call it before generating: it replaces what was learned). Costs
+        are seeded only on the machine and devices that measured them. Returns what was
+        seeded, in words; a file for another pair, or a malformed one, raises AnydraftError."""
+        from . import learned
+
+        return learned.load(self, path)
 
     # -- prompts ---------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = True) -> list[int]:

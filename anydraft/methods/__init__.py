@@ -6,7 +6,6 @@ from ..errors import AnydraftError
 from .ar import Autoregressive
 from .lookup import PromptLookup
 from .pairing import Pairing
-from .policy import Estimates
 from .sd import SpeculativeSampling
 from .slem import StringLevelExactMatch
 from .slrs import StringLevelRejectionSampling
@@ -44,7 +43,7 @@ def factory(decoder):
     pairing = Pairing.of(decoder) if decoder.drafter is not None else None
     draft = decoder.draft
     # what copies earn, like what the pair's drafts earn, outlives one generation
-    estimates = pairing.estimates if pairing is not None else Estimates()
+    estimates = decoder.estimates
 
     def make(name: str, params, budget: int = 128):
         if name == "auto":

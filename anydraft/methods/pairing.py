@@ -42,7 +42,7 @@ class Pairing:
                    drafter.logits_width, drafter.new_session,
                    [bos] if bos is not None and probe[:1] == [bos] else [],
                    draft.num_draft_tokens, draft.draft_confidence, draft.adaptive,
-                   draft.drafter_context)
+                   draft.drafter_context, decoder.estimates)
 
     @functools.cached_property
     def same_tokenizer(self) -> bool:
