@@ -42,6 +42,7 @@ from .cli import is_loopback
 from .metrics import Metrics
 from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed
 from .schemas import ChatCompletionRequest, CompletionRequest
+from .workers import save_stats
 
 log = logging.getLogger("anydraft.server")
 
@@ -83,6 +84,7 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] | None = None
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # empty: no CORS headers
     replica: str | None = None  # a Ray Serve replica's id: a `replica` label on every metric
+    stats: str | None = None  # --stats: the learned statistics are written here at shutdown
 
 
 def public_name(name: str | None) -> str | None:
@@ -344,6 +346,8 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(scheduler.close)
+            if config.stats:
+                await asyncio.to_thread(save_stats, decoders, config.stats)
 
     app = FastAPI(title="anydraft", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

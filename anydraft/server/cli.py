@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
 
 from ..options import add_draft_options, add_model_options
@@ -54,6 +55,11 @@ def register(sub) -> None:
     s.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: --target; a local path: its last part)")
     s.add_argument("--max-body-bytes", type=int, default=2 * 2**20)
+    s.add_argument("--stats", type=os.path.abspath, default=None, metavar="FILE",
+                   help="learned drafting statistics (acceptance, costs): every worker starts "
+                        "from FILE where it exists and the server writes FILE at shutdown, so "
+                        "the next start (or a new replica) drafts well at once; with --ray, a "
+                        "path every replica can reach (shared storage on a cluster)")
     s.add_argument("--log-level", default="info")
     add_ray_options(s)
     s.set_defaults(func=cmd_serve)
@@ -104,6 +110,9 @@ def check_serve_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise AnydraftError(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    if args.stats is not None and not os.path.isdir(os.path.dirname(args.stats)):
+        raise AnydraftError(f"--stats: folder {os.path.dirname(args.stats)} does not exist: "
+                            "create it, or name a file in a folder that does")
     _proxies(args)
 
 
@@ -130,12 +139,10 @@ def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None,
         request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
         trusted_proxies=_proxies(args),
         allowed_hosts=tuple(h.lower().strip("[]") for h in allowed_hosts) if allowed_hosts else None,
-        cors_origins=tuple(args.cors_origins), **extra)
+        cors_origins=tuple(args.cors_origins), stats=args.stats, **extra)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
     from ..errors import AnydraftError
 
     check_serve_args(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 
 def build_decoders(args) -> list:
@@ -25,11 +26,45 @@ def build_decoders(args) -> list:
         dec = Decoder(target=first.target.model, tokenizer=copy.deepcopy(first.target.tokenizer),
                       drafter=d.model if d else None,
                       drafter_tokenizer=copy.deepcopy(d.tokenizer) if d else None, draft=first.draft)
-        dec.target.name = first.target.name
+        # the same models as the first's, named alike (a stats file is keyed by them)
+        dec.target.name, dec.target.dtype = first.target.name, first.target.dtype
         if d is not None:
-            dec.drafter.name = d.name
+            dec.drafter.name, dec.drafter.dtype = d.name, d.dtype
         decoders.append(dec)
+    seed_stats(decoders, args.stats)
     return decoders
+
+
+def seed_stats(decoders: list, path: str | None) -> None:
+    """``--stats``: every worker starts from the statistics in ``path`` (anydraft/learned.py)
+    where it exists, so a restarted server or a new replica drafts well from its first
+    request. A file for another pair, or a malformed one, stops the start."""
+    from ..options import progress
+
+    if path is None:
+        return
+    if not os.path.exists(path):
+        progress(f"stats: {path} not found, starting cold")
+        return
+    for dec in decoders:
+        seeded = dec.load_stats(path)
+    progress(f"stats: {seeded}")
+
+
+def save_stats(decoders: list, path: str) -> None:
+    """``--stats`` at shutdown: the statistics of the worker that learned the most (workers
+    learn apart) replace ``path`` atomically. Of several servers or replicas sharing one
+    file, the last to stop wins."""
+    from ..learned import observations
+    from ..options import progress
+
+    dec = max(decoders, key=lambda d: observations(d.estimates))
+    try:
+        dec.save_stats(path)
+    except OSError as exc:
+        progress(f"stats: could not write {path}: {exc}")
+        return
+    progress(f"stats: wrote {path} ({observations(dec.estimates)} observations)")
 
 
 # a batch may make each of its rows wait this much longer per step than a row alone
