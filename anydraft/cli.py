@@ -1,4 +1,4 @@
-"""Command line: `anydraft generate | models | pair | demo | doctor | bench | serve`."""
+"""Command line: `anydraft generate | models | pair | demo | doctor | bench | scout | serve`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .options import (
     progress,
     sampling_params,
 )
+from .scout import cli as scout_cli
 from .server import cli as server_cli
 
 
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n", type=int, default=3, help="number of built-in prompts")
     d.set_defaults(func=cmd_demo)
     bench_cli.register(sub)
+    scout_cli.register(sub)
     server_cli.register(sub)
     return parser
 

@@ -60,6 +60,10 @@ class Decoder:
         if isinstance(target, str):  # a model object is used where it already is
             check_target_device(backend, device)
         device = resolve_device(device)  # "auto": CUDA when there is a GPU
+        if drafter == "auto":  # what `anydraft scout` chose for this target on this machine
+            from .scout import auto_drafter
+
+            drafter, drafter_backend = auto_drafter(target, drafter_backend, progress)
         drafter_backend = check_backend(drafter_backend or backend)
         self.draft = override(draft or DraftConfig(), method=method,
                               num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,

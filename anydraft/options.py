@@ -68,7 +68,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The target, the drafter, their dtypes and backends (one of each: `anydraft bench` takes
     lists and has its own), and the device."""
     parser.add_argument("--target", required=True, help="catalog name, hub id, directory or .gguf")
-    parser.add_argument("--drafter", default=None, help="drafter model (any tokenizer)")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter model (any tokenizer), or auto: the one `anydraft scout` "
+                             "chose for this target on this machine")
     parser.add_argument("--dtype", default="auto",
                         help="auto (the fastest here, measured once) | float32 | bfloat16 | float16, "
                              "+onednn for oneDNN linear layers, e.g. float32+onednn (target, torch)")
