@@ -20,7 +20,8 @@ from .bridge import token_table
 from .config import DraftConfig, check_method, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
-from .methods.policy import Estimates
+from .hardware.profile import cached_curve
+from .methods.policy import Costs, Estimates
 from .models.backends import LoadedModel, check_backend, check_target_device, load
 from .models.batch import BatchSession, RowView
 from .models.loading import parse_dtype, resolve_device
@@ -84,8 +85,10 @@ class Decoder:
                 )
         self.table = token_table(self.target.tokenizer)
         self.eos_ids = _eos_ids(self.target)
-        # what adaptive drafting learns about the pair, kept across requests (methods/policy.py)
-        self.estimates = Estimates()
+        # what adaptive drafting learns about the pair, kept across requests (methods/policy.py),
+        # from the target's cost curve where this machine measured it (hardware/profile.py)
+        profile = cached_curve(target, self.target) if isinstance(target, str) else None
+        self.estimates = Estimates(Costs(profile=profile or {}))
         self._method_factory = methods.factory(self)
 
     # -- learned statistics (anydraft/learned.py) ------------------------------------------

@@ -15,12 +15,15 @@ position that pair reads as ``[accepted, reached]``, discounted counts::
                      "positions": [[7.1, 9.9], [5.0, 7.1], ...], "overhead": [0.02, 9.9]}, ...],
      "costs": {"machine": "3f0c...", "devices": ["cpu", "cpu"],
                "target": {"1": [0.61, 6.5], "6": [0.93, 9.9]}, "draft": [0.11, 9.9],
-               "read": [0.004, 2.7], "plain_overhead": [0.01, 6.5]}}
+               "read": [0.004, 2.7], "plain_overhead": [0.01, 6.5],
+               "profile": {"1": 0.060, "2": 0.064, ...}, "profile_weight": 0.0013}}
 
 ``pair`` is what the file is valid for: acceptance depends on the two models and the
 numerics they run in, so a file for another pair is refused. Costs (``costs`` and each
 proposer's ``overhead``, in seconds) depend on the machine too: they are seeded only on the
 machine (`Machine.key`) and devices that measured them; elsewhere the acceptance alone is.
+``profile`` is the target's cost curve as hardware/profile.py measured it (seconds per call
+by tokens scored), a prior worth ``profile_weight`` calls that fades as calls are observed.
 Acceptance keys are ``[method, greedy]``, and ``["copy", greedy, n]`` for prompt lookup after
 an n-token match. ``drafter`` is null without a drafter (prompt lookup's statistics alone).
 """
@@ -84,7 +87,9 @@ def to_json(decoder) -> dict:
                        for key, acc in est.acceptance.items()],
         "costs": {**place_of(decoder), "target": {str(n): _mean(m) for n, m in c.target.items()},
                   "draft": _mean(c.draft), "read": _mean(c.read),
-                  "plain_overhead": _mean(c.plain_overhead)},
+                  "plain_overhead": _mean(c.plain_overhead),
+                  "profile": {str(n): s for n, s in c.profile.items()},
+                  "profile_weight": c.profile_weight},
     }
 
 
@@ -101,7 +106,9 @@ def _acceptance(entry: dict, costs: bool) -> Acceptance:
 def _costs(data: dict) -> Costs:
     return Costs(target={int(n): _read_mean(m) for n, m in data["target"].items()},
                  draft=_read_mean(data["draft"]), read=_read_mean(data["read"]),
-                 plain_overhead=_read_mean(data["plain_overhead"]))
+                 plain_overhead=_read_mean(data["plain_overhead"]),
+                 profile={int(n): float(s) for n, s in data["profile"].items()},
+                 profile_weight=float(data["profile_weight"]))
 
 
 # -- files ---------------------------------------------------------------------------------
@@ -150,7 +157,8 @@ def _describe(pair: dict) -> str:
 
 def load(decoder, path) -> str:
     """Replace ``decoder``'s estimates with those saved in ``path``; what was seeded, in words.
-    Refuses a file for another pair; seeds the costs only where they were measured here."""
+    Refuses a file for another pair; seeds the costs only where they were measured here
+    (elsewhere the decoder keeps its own: its profile, `Costs.profile`)."""
     data = read(path)
     pair = pair_of(decoder)
     if data.get("pair") != pair:
@@ -164,7 +172,7 @@ def load(decoder, path) -> str:
     try:
         costs = {k: data["costs"][k] for k in ("machine", "devices")} == place_of(decoder)
         acceptance = {tuple(entry["key"]): _acceptance(entry, costs) for entry in data["acceptance"]}
-        learned = Estimates(_costs(data["costs"]) if costs else Costs(), acceptance)
+        learned = Estimates(_costs(data["costs"]) if costs else decoder.estimates.costs, acceptance)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise AnydraftError(f"stats file {path} is malformed ({type(exc).__name__}: {exc}): "
                             "delete it, or pass a file written by save_stats / serve --stats") from None

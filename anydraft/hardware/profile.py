@@ -184,8 +184,13 @@ def curve_of(spec: str, loaded, backend: str, progress=None) -> dict[int, float]
     """The cost curve of a model already loaded from ``spec`` (cached, or measured now), on
     the device it is on (llama.cpp: the CPU)."""
     dtype, device = loaded.dtype or "gguf", loaded.device.type
-    curve = cached(model_key(spec, backend, dtype, device))
+    curve = cached_curve(spec, loaded, backend)
     return curve or _measure_and_save(spec, backend, device, {dtype: loaded}, progress)[dtype]
+
+
+def cached_curve(spec: str, loaded, backend: str | None = None) -> dict[int, float] | None:
+    """`curve_of` where this machine measured it before, else None (nothing is measured)."""
+    return cached(model_key(spec, backend or loaded.backend, loaded.dtype or "gguf", loaded.device.type))
 
 
 def _measure_and_save(spec: str, backend: str, device: str, models: dict, progress) -> dict:

@@ -57,6 +57,9 @@ PRIOR_ACCEPTANCE = 0.5  # a_i before position i was ever reached: replaced withi
 FIRST_READ_SHARE = 1 / 16
 FREE_READ = 2  # a backlog this short (the last step's own tokens) rides along with the first pass
 MIN_SECONDS = 1e-6  # a fitted cost line never reaches zero
+# a measured cost curve (hardware/profile.py) counts as this many of the pair's own target
+# calls, all its sizes together: it shapes the first steps, and has faded after ~20 calls
+PROFILE_WEIGHT = 1.0
 
 
 class Mean:
@@ -88,11 +91,25 @@ class Costs:
     draft: Mean = field(default_factory=Mean)  # seconds per drafter forward pass
     read: Mean = field(default_factory=Mean)  # drafter seconds per backlog token read, beyond a pass
     plain_overhead: Mean = field(default_factory=lambda: Mean(0.0))  # rest of a plain step
+    # the target's cost curve as hardware/profile.py measured it on this machine (tokens ->
+    # seconds; empty: none cached): a prior worth ``profile_weight`` observations in all,
+    # fading as the pair's own calls are observed (`add_target`)
+    profile: dict = field(default_factory=dict)
+    profile_weight: float = PROFILE_WEIGHT
+
+    def add_target(self, n: int, seconds: float) -> None:
+        """A target call that scored ``n`` tokens took ``seconds``: the profile counts less."""
+        self.target.setdefault(n, Mean()).add(seconds)
+        self.profile_weight *= FORGET
 
     def target_curve(self):
         """n -> T(n), a straight line fitted to the per-size means (weighted by how much each
-        size was seen; one size seen: flat), or None before any measurement."""
+        size was seen; one size seen: flat) and the profile's points, or None before either.
+        Before the pair's own calls spread over sizes, the profile gives the line its slope:
+        the first batch of rows shares its call as the hardware allows."""
         points = [(m, mean.value, mean.weight) for m, mean in self.target.items()]
+        points += [(m, seconds, self.profile_weight / len(self.profile))
+                   for m, seconds in self.profile.items()]
         if not points:
             return None
         w = sum(p[2] for p in points)
@@ -378,7 +395,7 @@ class Policy:
             return
         c, acc = self.estimates.costs, choice.acc
         if learns:
-            c.target.setdefault(step.call_tokens or step.scored, Mean()).add(step.target)
+            c.add_target(step.call_tokens or step.scored, step.target)
         rest = max(0.0, step.wall - step.draft - step.target)
         if step.calls:
             if step.read <= FREE_READ:

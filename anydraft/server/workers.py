@@ -26,8 +26,10 @@ def build_decoders(args) -> list:
         dec = Decoder(target=first.target.model, tokenizer=copy.deepcopy(first.target.tokenizer),
                       drafter=d.model if d else None,
                       drafter_tokenizer=copy.deepcopy(d.tokenizer) if d else None, draft=first.draft)
-        # the same models as the first's, named alike (a stats file is keyed by them)
+        # the same models as the first's, named alike (a stats file is keyed by them), and
+        # the same measured cost curve to start from
         dec.target.name, dec.target.dtype = first.target.name, first.target.dtype
+        dec.estimates.costs.profile = first.estimates.costs.profile
         if d is not None:
             dec.drafter.name, dec.drafter.dtype = d.name, d.dtype
         decoders.append(dec)
