@@ -2,9 +2,11 @@
 
 Each replica is a whole anydraft server: the app of `create_app` (the same routes,
 validation, API key, streaming and metrics) over decoders it loads in its own constructor,
-so KV caches and the learned acceptance and costs are its own. Ray runs the app's lifespan
-in the replica (`serve.ingress` drives it with uvicorn's lifespan code), which starts the
-worker threads; a replica that stops closes them.
+so KV caches and the learned acceptance and costs are its own (each starts from
+``--stats FILE`` where given, and writes it when it stops: on a cluster, a path on shared
+storage). Ray runs the app's lifespan in the replica (`serve.ingress` drives it with
+uvicorn's lifespan code), which starts the worker threads; a replica that stops closes them
+(and writes ``--stats``).
 
 Three ways in, one set of options (those of `anydraft serve`, as keywords):
 

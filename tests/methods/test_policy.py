@@ -414,6 +414,27 @@ def test_fixed_rows_keep_their_drafts_and_fill_the_call():
     assert allocate(bids(Costs(), acc, 3)) == [5] * 3  # no curve yet: draft, and learn from it
 
 
+def test_a_measured_profile_shares_the_first_calls_as_the_hardware_allows():
+    """Before the pair's own target calls are timed (its drafter is), the target's measured
+    cost curve (hardware/profile.py) decides: where 4 tokens cost what 1 does, 4 rows draft
+    fully from the first shared call; where each token costs as much as a call, they draft
+    less (here: nothing), where a policy without a profile, knowing nothing, drafts fully.
+    The pair's own calls then take over from the profile."""
+    acc, sizes = acceptance(0.8), (1, 2, 5, 9, 17, 33)
+
+    def seeded(profile: dict) -> Costs:
+        return Costs(draft=Mean(0.001), profile=profile)
+
+    flat, steep = seeded({m: 0.1 for m in sizes}), seeded({m: 0.1 * m for m in sizes})
+    assert allocate(bids(flat, acc, 4)) == [5] * 4 and best(5, flat, acc)[0] == 5
+    assert allocate(bids(steep, acc, 4)) == [0] * 4 and best(5, steep, acc)[0] == 0
+    assert allocate(bids(seeded({}), acc, 4)) == [5] * 4 and best(5, seeded({}), acc)[1] is None
+    for _ in range(30):  # the call costs the same at 4 and at 24 tokens: drafts are free
+        steep.add_target(4, 0.1)
+        steep.add_target(24, 0.1)
+    assert allocate(bids(steep, acc, 4)) == [5] * 4
+
+
 def test_a_cut_choice_sits_the_step_out():
     acc = acceptance(0.8)
     choice = Choice("draft", 5, 40, acc, True)

@@ -39,14 +39,16 @@ def _ray_processes(session_dir: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def ray_serve(model_dir):
+def ray_serve(model_dir, tmp_path_factory):
     """The proxy's base URL, two replicas behind it (each one worker of one row, drafting
-    with the target itself, --fixed-k). Torn down at the end; no Ray process may be left."""
+    with the target itself, --fixed-k, --stats on a file that is not there yet). Torn down at
+    the end; no Ray process may be left, and the replicas wrote what they learned."""
     import psutil
 
     from anydraft.server import deploy
 
     port, metrics_port = free_port(), free_port()
+    stats = tmp_path_factory.mktemp("ray-stats") / "stats.json"
     # processes of this test session that are not Ray's (the other tests' servers) stay
     others = {p.pid for p in psutil.Process().children(recursive=True)}
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
@@ -57,7 +59,8 @@ def ray_serve(model_dir):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         bound = deploy.app(target=str(model_dir), served_model_name=MODEL_ID, dtype="float32",
-                           drafter=str(model_dir), fixed_k=True, max_batch=1, replicas=2, metrics_port=metrics_port)
+                           drafter=str(model_dir), fixed_k=True, max_batch=1, replicas=2,
+                           metrics_port=metrics_port, stats=str(stats))
         serve.run(bound, name=deploy.APP_NAME, route_prefix="/")
         yield f"http://127.0.0.1:{port}", metrics_port
     finally:
@@ -72,6 +75,7 @@ def ray_serve(model_dir):
             break
         time.sleep(0.5)
     assert not left, f"Ray processes left after shutdown: {left}"
+    assert stats.is_file()  # a stopping replica writes its statistics
 
 
 @pytest.fixture(scope="module")
