@@ -46,6 +46,7 @@ def trained(tmp_path):
     dec = decoder()
     request(dec.estimates, 30, draft=0.005, accepted=5)
     dec.estimates.of("copy", True, 2)  # prompt lookup's keys have three parts
+    dec.estimates.costs.profile = {1: 0.1, 9: 0.2}  # and the profile it started from
     path = tmp_path / "stats.json"
     learned.save(dec, path)
     return dec, path
@@ -130,3 +131,29 @@ def test_greedy_output_is_plain_decodings_with_seeded_stats(tmp_path):
     out = dec.generate("the quick brown fox", max_new_tokens=16)
     assert out.stats["drafted"] > 0
     assert out.token_ids == dec.generate("the quick brown fox", max_new_tokens=16, method="ar").token_ids
+
+
+def test_a_decoder_starts_from_the_profile_cached_for_its_exact_path(tmp_path, monkeypatch):
+    """The target's cost curve measured on this machine (hardware/profile.py) for the same
+    model, backend, dtype and device seeds the policy; another dtype's does not, and loading
+    a stats file from another machine keeps it."""
+    from anydraft import Decoder
+    from anydraft.hardware import profile
+    from tests.helpers import byte_tokenizer, tiny_llama
+
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path / "cache"))
+    tok = byte_tokenizer()
+    tiny_llama(len(tok)).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    spec, curve = str(tmp_path / "m"), {1: 0.01, 2: 0.011, 5: 0.015}
+    profile.save(profile.model_key(spec, "torch", "bfloat16", "cpu"), curve)
+    assert Decoder(target=spec, dtype="float32", device="cpu").estimates.costs.profile == {}
+    profile.save(profile.model_key(spec, "torch", "float32", "cpu"), curve)
+    dec = Decoder(target=spec, dtype="float32", device="cpu")
+    assert dec.estimates.costs.profile == curve
+    dec.save_stats(tmp_path / "stats.json")
+    data = json.loads((tmp_path / "stats.json").read_text())
+    data["costs"].update(machine="another", profile={"1": 9.0})
+    (tmp_path / "stats.json").write_text(json.dumps(data))
+    dec.load_stats(tmp_path / "stats.json")
+    assert dec.estimates.costs.profile == curve

@@ -16,7 +16,9 @@ measurements:
 - ``d``: seconds per drafter forward pass; ``o``: the rest of a step (translation, verification).
 - ``T(n)``: the target's measured time to score n tokens in one call: a curve, not a constant
   (it is nearly flat on some machines and nearly linear on others), kept as one running mean
-  per n with a straight line fitted through them.
+  per n with a straight line fitted through them. Where this machine measured the target's
+  cost curve before (hardware/profile.py), its points join the fit as a weak prior that fades
+  as the pair's own calls come in (`Costs.profile`).
 
 A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. A drafter
 behind the committed text (the prompt, at first) reads its backlog before drafting: that cost
