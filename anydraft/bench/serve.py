@@ -174,7 +174,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
-    def wait_ready(self, base: str, timeout: float, label: str) -> None:
+    def wait_ready(self, base: str, timeout: float, label: str) -> dict:
+        """Wait until the server answers /health; its answer."""
         import time
 
         import httpx
@@ -186,8 +187,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise AnydraftError(self.failure(f"exited with status {self.proc.returncode}", label))
             try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    return
+                answer = httpx.get(f"{base}/health", timeout=2)
+                if answer.status_code == 200:
+                    return answer.json()
             except httpx.TransportError:
                 pass
             time.sleep(0.25)
@@ -345,12 +347,36 @@ def aggregate(rows: list[dict], wall: float) -> dict:
     return out
 
 
-def add_ratios(levels: list[dict], baseline: str) -> None:
-    """``throughput_vs_baseline``: throughput / the baseline's at the same concurrency."""
+def add_ratios(levels: list[dict], baseline: str, configs: list[dict]) -> None:
+    """``throughput_vs_baseline``: throughput / the baseline's at the same concurrency;
+    ``vs_c1``: / the same configuration's at concurrency 1; ``curve_allows``: what the
+    target's cost curve allows that ratio to be (`batch_gain`)."""
     base = {lv["concurrency"]: lv["throughput"] for lv in levels if lv["config"] == baseline}
+    alone = {lv["config"]: lv["throughput"] for lv in levels if lv["concurrency"] == 1}
+    by_label = {c["label"]: c for c in configs}
     for lv in levels:
-        b = base.get(lv["concurrency"])
-        lv["throughput_vs_baseline"] = lv["throughput"] / b if b and lv["throughput"] is not None else None
+        b, one, tput = base.get(lv["concurrency"]), alone.get(lv["config"]), lv["throughput"]
+        lv["throughput_vs_baseline"] = tput / b if b and tput is not None else None
+        lv["vs_c1"] = tput / one if one and tput is not None else None
+        config = by_label.get(lv["config"], {})
+        lv["curve_allows"] = batch_gain(config.get("cost_curve"), lv["concurrency"],
+                                        config.get("max_batch"))
+
+
+def batch_gain(curve: dict | None, concurrency: int, max_batch: int | None) -> float | None:
+    """Throughput over one request at a time that the target's measured cost curve allows for
+    plain decoding at ``concurrency``: B = min(c, max_batch) rows of one token each per call,
+    a call costing v(B) = T(B) / T(1) single-token calls, so B / v(B) (issue 21's bound; it
+    leaves out prompt reads and everything but the target). None without a curve."""
+    if not curve or not max_batch:
+        return None
+    import numpy as np
+
+    sizes = sorted(curve, key=int)  # a JSON object's keys: "1", "2", ...
+    seconds = [curve[m] for m in sizes]
+    sizes = [int(m) for m in sizes]
+    rows = min(concurrency, max_batch)
+    return rows / (float(np.interp(rows, sizes, seconds)) / float(np.interp(1, sizes, seconds)))
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -381,7 +407,7 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
     ]
     head = ["config", "c", "requests", "errors", "tok/s", f"vs {s['baseline']}",
             "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "TPOT p50 ms",
-            "TPOT p99 ms", "tokens / target call"]
+            "TPOT p99 ms", "tokens / target call", "vs c=1", "curve allows"]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for lv in levels:
         ratio, tpc = lv["throughput_vs_baseline"], lv["tokens_per_target_call"]
@@ -390,8 +416,16 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
                  "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
                  "–" if ratio is None else f"{ratio:.2f}x",
                  *(_ms(lv[f"{k}_{p}"]) for k in ("ttft", "itl", "tpot") for p in ("p50", "p99")),
-                 "–" if tpc is None else f"{tpc:.2f}"]
+                 "–" if tpc is None else f"{tpc:.2f}",
+                 *("–" if lv.get(k) is None else f"{lv[k]:.2f}x" for k in ("vs_c1", "curve_allows"))]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",
+              "|---|---|---|"]
+    for c in meta["configs"]:
+        curve = c.get("cost_curve") or {}
+        points = ", ".join(f"M={m}: {curve[m] * 1000:.0f}" for m in sorted(curve, key=int)) or "–"
+        lines.append(f"| {c['label']} | {c.get('max_batch') or '–'} | {points} |")
     lines.append("")
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
@@ -406,6 +440,9 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
         "TPOT: (end - TTFT) / (tokens - 1) per request.",
         "- tokens / target call: completion tokens / the target's forward passes, from the "
         "`anydraft` statistics each stream ends with (1.00 when decoding plainly).",
+        "- vs c=1: throughput / the same configuration's at c = 1. curve allows: what the "
+        "target's measured cost curve (below) allows that to be for plain decoding, B / v(B) "
+        "with B = min(c, max_batch) rows and v(B) = T(B) / T(1), prompt reads left out.",
         "",
     ]
     path = out / "summary.md"
@@ -468,7 +505,8 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
         bar.note(f"[{config.label}] starting: {shlex.join(cmd[1:])}")
         server = ServerProcess(cmd, out / f"server-{config.label}.log")
         try:
-            server.wait_ready(base, args.startup_timeout, config.label)
+            health = server.wait_ready(base, args.startup_timeout, config.label)
+            servers[-1].update(max_batch=health.get("max_batch"), cost_curve=health.get("cost_curve"))
             if not args.no_warmup:  # first-request costs (allocations, lazy imports) untimed
                 row = asyncio.run(run_level(base, [request_body(prompts[0]["prompt"], args, args.seed)],
                                             1, None, args.seed, lambda r: None))[0][0]
@@ -550,7 +588,7 @@ def cmd_bench_serve(args) -> int:
         meta["configs"], requests, levels = run_configs(args, configs, prompts, per_level, out, bar)
     finally:
         bar.bar.close()
-    add_ratios(levels, baseline)
+    add_ratios(levels, baseline, meta["configs"])
     results = out / "results.json"
     results.write_text(json.dumps({"meta": meta, "levels": levels, "requests": requests}, indent=2)
                        + "\n", encoding="utf-8")

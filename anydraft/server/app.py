@@ -611,7 +611,11 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return {"status": "ok", "model": config.model_id, "waiting": scheduler.waiting,
-                "active": scheduler.active, "workers": len(decoders), "max_batch": config.max_batch}
+                "active": scheduler.active, "workers": len(decoders), "max_batch": config.max_batch,
+                # seconds to score M tokens in one call, as measured on this machine
+                # (hardware/profile.py; {} where none was cached when the models loaded): what
+                # bench-serve's bound reads
+                "cost_curve": {str(m): s for m, s in sorted(decoders[0].estimates.costs.profile.items())}}
 
     @app.get("/metrics")
     async def prometheus():

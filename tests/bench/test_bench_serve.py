@@ -57,6 +57,8 @@ def test_bench_serve_end_to_end(model_dir, dataset, tmp_path, monkeypatch, capsy
             assert lv[f"{name}_p99"] >= lv[f"{name}_p50"] > 0, (name, lv)
         assert lv["throughput_vs_baseline"] > 0
     assert all(lv["throughput_vs_baseline"] == 1 for lv in data["levels"] if lv["config"] == "plain")
+    assert all(lv["vs_c1"] == 1 for lv in data["levels"] if lv["concurrency"] == 1)
+    assert all(isinstance(c["max_batch"], int) and isinstance(c["cost_curve"], dict) for c in configs.values())
     by_config = {lv["config"]: lv for lv in data["levels"] if lv["concurrency"] == 1}
     assert by_config["plain"]["tokens_per_target_call"] == pytest.approx(1.0)
     assert by_config["sd"]["tokens_per_target_call"] > 1  # speculative steps did happen
@@ -70,8 +72,10 @@ def test_bench_serve_end_to_end(model_dir, dataset, tmp_path, monkeypatch, capsy
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# anydraft bench-serve:")
     assert "- cpu: " in summary  # the machine, from the hardware description
-    table = [line for line in summary.splitlines() if line.startswith("| plain") or line.startswith("| sd")]
+    table = [line for line in summary.splitlines()
+             if line.startswith(("| plain", "| sd")) and line.count("|") > 5]
     assert len(table) == 4 and table[0].split(" | ")[5] == "1.00x"
+    assert "## The servers" in summary
     assert {"throughput.png", "itl_p99.png"} <= {p.name for p in out.iterdir()}
     assert (out / "server-sd.log").exists()
 
@@ -113,3 +117,16 @@ def test_configurations():
     for bad in (["a=x;a=y"], ["no label here"], ["=--method ar"], [";"]):
         with pytest.raises(AnydraftError, match="--configs"):
             parse_configs(bad)
+
+
+def test_batch_gain_reads_the_cost_curve():
+    """The bound bench-serve reports beside each level: B / v(B), B = min(c, max_batch)."""
+    from anydraft.bench.serve import batch_gain
+
+    flat = {"1": 0.1, "2": 0.1, "5": 0.1, "9": 0.1}
+    steep = {"1": 0.1, "2": 0.2, "5": 0.5, "9": 0.9}
+    assert batch_gain(flat, 4, 8) == pytest.approx(4.0)  # 4 rows for the price of one
+    assert batch_gain(flat, 8, 4) == pytest.approx(4.0)  # no more rows than max_batch
+    assert batch_gain(steep, 8, 8) == pytest.approx(1.0)  # B tokens cost B calls: no gain
+    assert batch_gain({"1": 0.1, "5": 0.2}, 3, 4) == pytest.approx(3 / 1.5)  # interpolated
+    assert batch_gain({}, 4, 4) is None and batch_gain(flat, 4, None) is None
