@@ -23,7 +23,7 @@ DRAFTERS = ("smollm2-135m", "gemma3-270m")
 # the exactness of the confirm runs needs a float32 torch target; oneDNN makes it fast enough
 # here that drafting pays (on llama.cpp scoring k tokens costs about k steps on this machine)
 TARGET_OPTIONS = ["--target-backend", "torch", "--dtype", "float32+onednn"]
-BUDGET = 150  # seconds; a quiet run takes about half
+BUDGET = 200  # seconds; a quiet run takes about a third (the budget guards a busy machine)
 PROMPTS = "explain,math"  # prompts that copy little from themselves (see the ranking test)
 N, TOKENS, K = 2, 24, 5
 
@@ -250,6 +250,9 @@ def test_ranking_agrees_with_a_longer_bench(real_scout):
     _, _, report, _ = real_scout
     rows = {r["label"]: r for r in report["candidates"]}
     drafted = [r for r in report["candidates"] if r["drafter"] and r["predicted"] is not None]
+    if not drafted:  # the budget honoured on a machine too busy to measure a drafter
+        pytest.skip("no drafter was measured within the budget: " + "; ".join(
+            r["status"] for r in report["candidates"] if r["status"] != "measured"))
     best = max(drafted, key=lambda r: r["predicted"])
     lookup = rows["lookup"]
     assert best["predicted"] > lookup["predicted"] * 1.15, (best, lookup)
