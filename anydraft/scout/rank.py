@@ -65,13 +65,17 @@ def reason(row: dict, win: dict | None, verify: list[float]) -> str:
     why = max(gains, key=gains.get)
     if gains[why] < CLOSE * row["predicted"]:
         return head + "close; lost in the confirm run" if score == "measured" else head + "close"
+    # against plain decoding the yardstick is a perfect, free drafter: no number to compare
+    def vs(mine: float, theirs: float, spec: str) -> str:
+        return f"{mine:{spec}}" + ("" if win is None else f" vs {theirs:{spec}}")
+
     if why == "acceptance":
         share = row.get("overlap")
-        return head + f"acceptance a {m.a:.2f} vs {w.a:.2f}" + (
+        return head + f"acceptance a {vs(m.a, w.a, '.2f')}" + (
             "" if share is None else f" (vocabulary overlap {share:.0%} of the target's)")
     if why == "cost":
-        return head + f"drafter cost c {m.c:.3f} vs {w.c:.3f} per token"
-    return head + f"translation overhead {m.o:.3f} vs {w.o:.3f} steps per draft"
+        return head + f"drafter cost c {vs(m.c, w.c, '.3f')} per token"
+    return head + f"translation overhead {vs(m.o, w.o, '.3f')} steps per draft"
 
 
 def ranked(rows: list[dict], confirmed: bool, verify: list[float]) -> tuple[list[dict], dict | None]:

@@ -13,7 +13,7 @@ from anydraft.errors import AnydraftError
 from anydraft.scout import auto_drafter, saved
 from anydraft.scout.cli import parse_budget, pick_prompts
 from anydraft.scout.measure import Candidate, Measured, best_k, per_position, predict
-from anydraft.scout.rank import ranked
+from anydraft.scout.rank import ranked, reason
 from anydraft.scout.run import Scout, ScoutSettings
 from tests.conftest import require_llamacpp, require_model
 from tests.helpers import byte_tokenizer, tiny_llama
@@ -97,6 +97,9 @@ def test_plain_decoding_wins_when_nothing_beats_it():
     rows, best = ranked([row], True, steep)
     assert best is None and rows[0]["candidate"].label == "plain decoding"
     assert "the target's cost curve" in rows[1]["why"]
+    # on a flat curve a free drafter would win: the drafter's cost is to blame, with no yardstick
+    costly = _row(Candidate("sd", "big", "torch"), 0.8, 1.5, 0.6)
+    assert reason(costly, None, [1.0] * 5).endswith("drafter cost c 1.500 per token")
 
 
 def test_the_budget_skips_what_would_not_fit():
