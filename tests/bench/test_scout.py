@@ -153,12 +153,14 @@ def _scout(args, capsys):
     return rc, out, err
 
 
+@pytest.mark.real
 def test_unknown_drafter(capsys):
     require_model(TARGET)
     rc, _, err = _scout(["--target", TARGET, "--drafters", "smollm2-135m,no-such-model"], capsys)
     assert rc == 2 and "unknown model 'no-such-model'" in err
 
 
+@pytest.mark.real
 def test_no_drafter_named_or_installed(capsys):
     require_model("smollm2-135m")
     rc, _, err = _scout(["--target", "smollm2-135m", "--installed"], capsys)  # nothing is smaller
@@ -168,6 +170,7 @@ def test_no_drafter_named_or_installed(capsys):
     assert rc == 2 and "--drafters A,B,C, or --installed" in err
 
 
+@pytest.mark.real
 def test_budget_too_small_names_the_minimum(capsys, scout_dir):
     require_model(TARGET)
     require_llamacpp()
@@ -200,6 +203,8 @@ def real_scout(tmp_path_factory):
         mp.undo()
 
 
+@pytest.mark.real
+@pytest.mark.slow  # the scout (~60 s) and the bench (~35 s) on 2 cores
 def test_scout_finishes_within_its_budget(real_scout):
     rc, wall, report, _ = real_scout
     assert rc == 0
@@ -207,6 +212,8 @@ def test_scout_finishes_within_its_budget(real_scout):
     assert wall <= BUDGET * 1.5 + 30, wall  # process work around the scout's own clock
 
 
+@pytest.mark.real
+@pytest.mark.slow
 def test_scout_report_covers_both_pairs(real_scout):
     _, _, report, _ = real_scout
     rows = {r["label"]: r for r in report["candidates"]}
@@ -223,6 +230,8 @@ def test_scout_report_covers_both_pairs(real_scout):
     assert all(r["why"] for r in report["candidates"])
 
 
+@pytest.mark.real
+@pytest.mark.slow
 def test_confirm_runs_are_exact_and_the_winner_is_saved(real_scout):
     _, _, report, folder = real_scout
     confirmed = [r for r in report["candidates"] if r["identical"] is not None]
@@ -239,6 +248,8 @@ def test_confirm_runs_are_exact_and_the_winner_is_saved(real_scout):
         assert winner["method"] == "ar" and winner["drafter"] is None
 
 
+@pytest.mark.real
+@pytest.mark.slow
 def test_ranking_agrees_with_a_longer_bench(real_scout):
     """The scout's predicted order of its best drafter candidate and prompt lookup, checked by
     `anydraft bench` with twice the tokens on the same prompts. Robust: on prompts that copy
