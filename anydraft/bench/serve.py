@@ -441,7 +441,7 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
         "- tokens / target call: completion tokens / the target's forward passes, from the "
         "`anydraft` statistics each stream ends with (1.00 when decoding plainly).",
         "- vs c=1: throughput / the same configuration's at c = 1. curve allows: what the "
-        "target's measured cost curve (below) allows that to be for plain decoding, B / v(B) "
+        "target's measured cost curve (The servers) allows that to be for plain decoding, B / v(B) "
         "with B = min(c, max_batch) rows and v(B) = T(B) / T(1), prompt reads left out.",
         "",
     ]
