@@ -66,6 +66,17 @@ def _replica_id() -> tuple[str, int]:
     return context.replica_id.unique_id, int(getattr(rank, "local_rank", 0) or 0)
 
 
+def llamacpp_threads_as_reserved() -> None:
+    """llama.cpp in a replica runs on as many threads as the CPUs the replica reserved, as
+    torch does (Ray sets OMP_NUM_THREADS to them), not on every core of the node: the rest is
+    left to other replicas and to Ray's proxy, which forwards every streamed chunk. On 2 cores,
+    a replica decoding on both made streams 11-24% slower than the direct server; with a core
+    left to the proxy the Ray path costs 4% (docs/server.md). ANYDRAFT_LLAMACPP_THREADS, where
+    set, still decides."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        os.environ.setdefault("ANYDRAFT_LLAMACPP_THREADS", os.environ["OMP_NUM_THREADS"])
+
+
 @serve.deployment(name=APP_NAME)
 @serve.ingress()  # the app is built per replica, after __init__: __serve_build_asgi_app__
 class AnydraftReplica:
@@ -75,6 +86,7 @@ class AnydraftReplica:
 
         args = argparse.Namespace(**options)
         self.replica, local_rank = _replica_id()
+        llamacpp_threads_as_reserved()
         self.decoders = build_decoders(args)
         self.config = server_config(args, choose_max_batch(self.decoders[0], args), args.api_key,
                                     replica=self.replica)

@@ -255,3 +255,18 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(ray_base, decod
         t.join(90)
     assert all("error" not in r and r["text"] == short_ref for r in again), again
     assert victim not in {r["replica"] for r in again}
+
+
+def test_replica_runs_llamacpp_on_its_reserved_cpus(monkeypatch):
+    """Ray sets OMP_NUM_THREADS to a replica's reserved CPUs; llama.cpp then uses as many
+    threads (not every core of the node), unless ANYDRAFT_LLAMACPP_THREADS says otherwise."""
+    from anydraft.models.llamacpp import _threads
+    from anydraft.server.deploy import llamacpp_threads_as_reserved
+
+    monkeypatch.delenv("ANYDRAFT_LLAMACPP_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    llamacpp_threads_as_reserved()
+    assert _threads() == 1
+    monkeypatch.setenv("ANYDRAFT_LLAMACPP_THREADS", "3")
+    llamacpp_threads_as_reserved()
+    assert _threads() == 3
