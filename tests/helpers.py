@@ -48,3 +48,12 @@ def tiny_llama(vocab_size: int, seed: int = 0, max_positions: int = 256, layers:
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     return model
+
+
+def save_tiny_pair(root) -> tuple:
+    """Two tiny llamas with the byte tokenizer saved under ``root``: (target dir, drafter dir)."""
+    tok = byte_tokenizer()
+    for name, seed in (("target", 0), ("drafter", 1)):
+        tiny_llama(len(tok), seed=seed).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root / "target", root / "drafter"

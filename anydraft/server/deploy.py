@@ -69,10 +69,9 @@ def _replica_id() -> tuple[str, int]:
 def llamacpp_threads_as_reserved() -> None:
     """llama.cpp in a replica runs on as many threads as the CPUs the replica reserved, as
     torch does (Ray sets OMP_NUM_THREADS to them), not on every core of the node: the rest is
-    left to other replicas and to Ray's proxy, which forwards every streamed chunk. On 2 cores,
-    a replica decoding on both made streams 11-24% slower than the direct server; with a core
-    left to the proxy the Ray path costs 4% (docs/server.md). ANYDRAFT_LLAMACPP_THREADS, where
-    set, still decides."""
+    left to other replicas and to Ray's proxy, which forwards every streamed chunk (on 2 cores,
+    docs/server.md: the Ray path costs 4% where the proxy has a core to itself, 11-24% where
+    decoding takes both). ANYDRAFT_LLAMACPP_THREADS, where set, still decides."""
     if os.environ.get("OMP_NUM_THREADS"):
         os.environ.setdefault("ANYDRAFT_LLAMACPP_THREADS", os.environ["OMP_NUM_THREADS"])
 
@@ -122,10 +121,25 @@ class _NameReplica:
         await self.app(scope, receive, named)
 
 
-def _actor_options(args: argparse.Namespace, cpus: float | None, gpus: float | None) -> dict:
+def _node_cpus() -> int:
+    """The CPUs of a node replicas run on: Ray's count for the smallest live node where Ray
+    runs already, else this machine's."""
+    import ray
+
+    if ray.is_initialized():
+        cpus = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
+        if cpus:
+            return max(1, int(min(cpus)))
+    return os.cpu_count() or 1
+
+
+def _actor_options(args: argparse.Namespace, cpus: float | None, gpus: float | None,
+                   replicas: int) -> dict:
     """A replica's reservation, from where its models run: one GPU for a torch model on
-    cuda (or on 'auto' where the cluster has one), else CPUs, one per worker thread; Ray sets
-    OMP_NUM_THREADS (torch's threads) to the CPUs reserved."""
+    cuda (or on 'auto' where the cluster has one), else CPUs: an equal share of a node's
+    among the (at most) ``replicas`` replicas, and at least one per worker thread. Ray sets
+    OMP_NUM_THREADS to the CPUs reserved, and the replica runs torch and llama.cpp on that
+    many threads (`llamacpp_threads_as_reserved`)."""
     if gpus is None:
         gpus = 0.0
         torch_model = args.target_backend != "llamacpp" or (args.drafter_backend or "") == "torch"
@@ -136,7 +150,7 @@ def _actor_options(args: argparse.Namespace, cpus: float | None, gpus: float | N
 
             gpus = 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) else 0.0
     if cpus is None:
-        cpus = 1.0 if gpus else float(args.max_concurrency)
+        cpus = 1.0 if gpus else float(max(args.max_concurrency, _node_cpus() // max(replicas, 1)))
     return {"num_cpus": cpus, "num_gpus": gpus}
 
 
@@ -163,8 +177,7 @@ def bind(args: argparse.Namespace, api_key: str | None, replicas=None, autoscale
         raise AnydraftError(f"replicas must be at least 1, got {replicas}")
     # requests a replica takes at once: its rows at work and its own fair queue
     rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else MAX_AUTO_BATCH)
-    deployment = {"max_ongoing_requests": rows + args.max_queue,
-                  "ray_actor_options": _actor_options(args, replica_cpus, replica_gpus)}
+    deployment = {"max_ongoing_requests": rows + args.max_queue}
     if autoscale is not None:
         low, high = (autoscale_range(autoscale) if isinstance(autoscale, str)
                      else tuple(int(v) for v in autoscale))
@@ -172,7 +185,8 @@ def bind(args: argparse.Namespace, api_key: str | None, replicas=None, autoscale
                                             "initial_replicas": max(low, 1),
                                             "target_ongoing_requests": rows}
     else:
-        deployment["num_replicas"] = int(replicas or 1)
+        high = deployment["num_replicas"] = int(replicas or 1)
+    deployment["ray_actor_options"] = _actor_options(args, replica_cpus, replica_gpus, high)
     fields = {k: v for k, v in vars(args).items() if k != "func"}
     fields["api_key"] = api_key  # resolved here: a replica's environment may lack it
     return AnydraftReplica.options(**deployment).bind(fields, metrics_port)

@@ -7,7 +7,7 @@ import pytest
 
 from anydraft.bench.report import ROW_KEYS
 from anydraft.cli import main
-from tests.helpers import byte_tokenizer, tiny_llama
+from tests.helpers import save_tiny_pair
 
 MAX_NEW = 8
 
@@ -15,10 +15,7 @@ MAX_NEW = 8
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench_models")
-    tok = byte_tokenizer()
-    for name, seed in (("target", 0), ("drafter", 1)):
-        tiny_llama(len(tok), seed=seed).save_pretrained(root / name)
-        tok.save_pretrained(root / name)
+    save_tiny_pair(root)
     # a drafter with the target's own weights: accepts everything (a = 1)
     shutil.copytree(root / "target", root / "twin")
     data = root / "prompts.jsonl"

@@ -16,7 +16,7 @@ from anydraft.scout.measure import Candidate, Measured, best_k, per_position, pr
 from anydraft.scout.rank import ranked, reason
 from anydraft.scout.run import Scout, ScoutSettings
 from tests.conftest import require_llamacpp, require_model
-from tests.helpers import byte_tokenizer, tiny_llama
+from tests.helpers import save_tiny_pair
 
 TARGET = "qwen2.5-coder-0.5b"
 DRAFTERS = ("smollm2-135m", "gemma3-270m")
@@ -114,12 +114,8 @@ def test_the_budget_skips_what_would_not_fit():
 # -- drafter="auto" --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scout_models")
-    tok = byte_tokenizer()
-    for name, seed in (("target", 0), ("drafter", 1)):
-        tiny_llama(len(tok), seed=seed).save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    return str(root / "target"), str(root / "drafter")
+    target, drafter = save_tiny_pair(tmp_path_factory.mktemp("scout_models"))
+    return str(target), str(drafter)
 
 
 def test_auto_without_a_scout_result_says_what_to_run(scout_dir, tiny_pair):

@@ -270,3 +270,22 @@ def test_replica_runs_llamacpp_on_its_reserved_cpus(monkeypatch):
     monkeypatch.setenv("ANYDRAFT_LLAMACPP_THREADS", "3")
     llamacpp_threads_as_reserved()
     assert _threads() == 3
+
+
+def test_cpu_replicas_share_a_node(monkeypatch):
+    """A CPU replica reserves an equal share of a node's cores (at least its worker threads);
+    a GPU one a GPU; --replica-cpus decides where given."""
+    import argparse
+
+    from anydraft.server import deploy
+
+    monkeypatch.setattr(deploy, "_node_cpus", lambda: 8)
+    args = argparse.Namespace(target_backend="llamacpp", drafter_backend=None, device="cpu",
+                              max_concurrency=1)
+    assert deploy._actor_options(args, None, None, replicas=1) == {"num_cpus": 8.0, "num_gpus": 0.0}
+    assert deploy._actor_options(args, None, None, replicas=2)["num_cpus"] == 4.0
+    assert deploy._actor_options(args, 1.5, None, replicas=2)["num_cpus"] == 1.5
+    args.max_concurrency = 6
+    assert deploy._actor_options(args, None, None, replicas=2)["num_cpus"] == 6.0
+    args.target_backend, args.device = "torch", "cuda"
+    assert deploy._actor_options(args, None, None, replicas=2) == {"num_cpus": 1.0, "num_gpus": 1.0}
