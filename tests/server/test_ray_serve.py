@@ -45,6 +45,7 @@ def ray_serve(model_dir, tmp_path_factory):
     the end; no Ray process may be left, and the replicas wrote what they learned."""
     import psutil
 
+    import anydraft.deploy  # the public entry point (`serve run anydraft.deploy:app_builder`)
     from anydraft.server import deploy
 
     port, metrics_port = free_port(), free_port()
@@ -58,9 +59,10 @@ def ray_serve(model_dir, tmp_path_factory):
     children = [p for p in psutil.Process().children(recursive=True) if p.pid not in others]
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        bound = deploy.app(target=str(model_dir), served_model_name=MODEL_ID, dtype="float32",
-                           drafter=str(model_dir), fixed_k=True, max_batch=1, replicas=2,
-                           metrics_port=metrics_port, stats=str(stats))
+        bound = anydraft.deploy.app(target=str(model_dir), served_model_name=MODEL_ID,
+                                    dtype="float32", drafter=str(model_dir), fixed_k=True,
+                                    max_batch=1, replicas=2, metrics_port=metrics_port,
+                                    stats=str(stats))
         serve.run(bound, name=deploy.APP_NAME, route_prefix="/")
         yield f"http://127.0.0.1:{port}", metrics_port
     finally:
