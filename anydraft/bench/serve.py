@@ -370,13 +370,12 @@ def batch_gain(curve: dict | None, concurrency: int, max_batch: int | None) -> f
     leaves out prompt reads and everything but the target). None without a curve."""
     if not curve or not max_batch:
         return None
-    import numpy as np
+    from .bound import verify_costs
 
-    sizes = sorted(curve, key=int)  # a JSON object's keys: "1", "2", ...
-    seconds = [curve[m] for m in sizes]
-    sizes = [int(m) for m in sizes]
     rows = min(concurrency, max_batch)
-    return rows / (float(np.interp(rows, sizes, seconds)) / float(np.interp(1, sizes, seconds)))
+    # v(B) = T(B) / T(1) is the cost of verifying B - 1 drafts; a JSON object's keys are strings
+    costs = [1.0] + verify_costs({int(m): s for m, s in curve.items()}, rows - 1)
+    return rows / costs[rows - 1]
 
 
 # -- the report -----------------------------------------------------------------------------

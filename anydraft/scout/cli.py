@@ -103,6 +103,7 @@ def settings_from_args(args):
     from ..models.loading import parse_dtype, resolve_device
     from .run import ScoutSettings
 
+    budget = parse_budget(args.budget)  # before any model is looked up
     for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                              ("--num-draft-tokens", args.num_draft_tokens, 1)):
         if value < low:
@@ -119,7 +120,7 @@ def settings_from_args(args):
         target=args.target, drafters=choose_drafters(args.target, args.drafters, args.installed),
         backends=backends, methods=methods, target_backend=args.target_backend, dtype=args.dtype,
         device=resolve_device(args.device), num_draft_tokens=args.num_draft_tokens,
-        max_new_tokens=args.max_new_tokens, budget=parse_budget(args.budget))
+        max_new_tokens=args.max_new_tokens, budget=budget)
 
 
 def _fmt(v, spec=".2f", suffix="") -> str:
@@ -164,8 +165,8 @@ def cmd_scout(args) -> int:
     from .rank import ranked
     from .run import Scout
 
-    budget = parse_budget(args.budget)  # before anything is loaded
     settings = settings_from_args(args)
+    budget = settings.budget
     categories = _csv(args.categories) if args.categories else None
     prompts = pick_prompts(load_dataset(args.dataset, categories), args.n)
     out = Path(args.json) if args.json else None
