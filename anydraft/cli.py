@@ -149,7 +149,24 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--quantize", default="", metavar="q4_0,q8_0",
                      help="also measure llama.cpp copies of a GGUF model in these weight types "
                           "(written once into the cache) and say whether one would be faster")
-    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--batch", action="store_true",
+                     help="measure the target's batched calls (B rows x q new tokens in one call) "
+                          "against its one-sequence curve and what --max-batch auto would choose")
+    doc.add_argument("--batch-sizes", default="1,2,4,8", metavar="1,2,4,8",
+                     help="--batch: the rows B in one call (1 is always measured)")
+    doc.add_argument("--batch-tokens", default="1,5", metavar="1,5",
+                     help="--batch: the new tokens q per row (1 is always measured)")
+    doc.add_argument("--batch-context", type=int, default=None, metavar="TOKENS",
+                     help="--batch: tokens already in every row before the timed calls (default 64; "
+                          "each row is filled once, as a prompt of this length)")
+    doc.add_argument("--dtype", default="auto",
+                     help="--batch: the target's dtype, as in `generate` (auto: the fastest here), "
+                          "e.g. float32+onednn")
+    doc.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+                     help="--batch: the target's backend, as in `generate` (auto: the faster here)")
+    doc.add_argument("--json", nargs="?", const=True, default=None, metavar="PATH",
+                     help="print JSON instead of the tables; with PATH, write it there and print "
+                          "the tables")
     doc.set_defaults(func=cmd_doctor)
 
     d = sub.add_parser("demo", help="plain decoding vs anydraft on built-in prompts")

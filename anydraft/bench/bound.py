@@ -40,21 +40,22 @@ def best_bound(a: float, k: int, c: float, verify: list[float] | None = None) ->
     return max(speedup_bound(a, j, c, 1.0 if verify is None else verify[j - 1]) for j in range(1, k + 1))
 
 
-def verify_costs(curve: dict[int, float], k: int) -> list[float]:
-    """v_j = T(j+1) / T(1) for j = 1..k from a measured cost curve (tokens scored -> seconds),
-    linear between measured sizes and along the last two beyond them."""
+def cost_at(curve: dict[int, float], n: float) -> float:
+    """T(n), the seconds to score ``n`` tokens in one call, from a measured cost curve (tokens
+    scored -> seconds): linear between measured sizes and along the last two beyond them."""
     sizes = sorted(curve)
+    lo = max([s for s in sizes if s <= n] or sizes[:1])
+    hi = min([s for s in sizes if s > lo] or sizes[-1:])
+    if hi == lo:
+        lo, hi = sizes[-2:] if len(sizes) > 1 else (lo, lo)
+    if hi == lo:
+        return curve[lo]
+    return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
 
-    def t(n: float) -> float:
-        lo = max([s for s in sizes if s <= n] or sizes[:1])
-        hi = min([s for s in sizes if s > lo] or sizes[-1:])
-        if hi == lo:
-            lo, hi = sizes[-2:] if len(sizes) > 1 else (lo, lo)
-        if hi == lo:
-            return curve[lo]
-        return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
 
-    return [max(t(j + 1), 0.0) / t(1) for j in range(1, k + 1)]
+def verify_costs(curve: dict[int, float], k: int) -> list[float]:
+    """v_j = T(j+1) / T(1) for j = 1..k from a measured cost curve (`cost_at`)."""
+    return [max(cost_at(curve, j + 1), 0.0) / cost_at(curve, 1) for j in range(1, k + 1)]
 
 
 def per_token_acceptance(accepted: int, rejected: int) -> float | None:

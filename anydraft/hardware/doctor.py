@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..errors import AnydraftError
 from . import profile
 from .machine import this_machine
 
@@ -114,11 +115,25 @@ def print_report(data: dict) -> None:
 
 
 def cmd_doctor(args) -> int:
+    """``--json`` alone prints JSON instead of the tables; ``--json PATH`` writes it there too."""
+    def progress(message):
+        print(message, file=sys.stderr)
+
+    if args.batch:
+        from .batched import cmd_doctor_batch
+
+        return cmd_doctor_batch(args, progress)
+    if (args.dtype, args.target_backend) != ("auto", "auto"):
+        raise AnydraftError("--dtype and --target-backend choose the path `doctor --batch` measures; "
+                            "doctor alone measures every path: drop them or add --batch")
     models = {spec: role for spec, role in ((args.target, "target"), (args.drafter, "drafter")) if spec}
-    data = report(models, args.device, None if args.json else (lambda m: print(m, file=sys.stderr)),
+    data = report(models, args.device, None if args.json is True else progress,
                   args.remeasure, args.compile, tuple(k for k in args.quantize.split(",") if k))
-    if args.json:
+    if args.json is True:
         print(json.dumps(data, indent=1))
-    else:
-        print_report(data)
+        return 0
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    print_report(data)
     return 0

@@ -115,6 +115,24 @@ def rate(curve: dict[int, float]) -> float:
     return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
 
 
+# a batch may make each of its rows wait this much longer per step than a row alone
+BATCH_LATENCY = 1.5
+MAX_AUTO_BATCH = 16  # the most rows `--max-batch auto` gives a worker
+
+
+def max_batch(costs: dict[int, float], limit: int) -> int:
+    """The rule of ``--max-batch auto`` (server/workers.py `choose_max_batch`): the most rows
+    B <= ``limit`` whose call of B rows x 1 token costs at most `BATCH_LATENCY` x a call of one,
+    so batching raises throughput by up to B / 1.5 while each row's step slows by at most 1.5x.
+    ``costs`` maps B (or, for the one-sequence curve, tokens scored, taken as B rows x 1 token)
+    to seconds and holds B = 1; read linearly between the sizes given, flat past the last."""
+    import numpy as np
+
+    sizes = sorted(costs)
+    cost = np.interp(range(1, limit + 1), sizes, [costs[b] for b in sizes])
+    return int(np.flatnonzero(cost <= BATCH_LATENCY * costs[1]).max()) + 1
+
+
 def fastest(curves: dict[str, dict[int, float]]) -> str:
     """The path whose curve has the best `rate`."""
     return max(curves, key=lambda path: rate(curves[path]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import os
 
+from ..hardware.profile import MAX_AUTO_BATCH
+
 
 def build_decoders(args) -> list:
     """``args.max_concurrency`` decoders. The first loads the models; the rest reuse its
@@ -69,30 +71,20 @@ def save_stats(decoders: list, path: str) -> None:
     progress(f"stats: wrote {path} ({observations(dec.estimates)} observations)")
 
 
-# a batch may make each of its rows wait this much longer per step than a row alone
-BATCH_LATENCY = 1.5
-MAX_AUTO_BATCH = 16
-
-
 def choose_max_batch(decoder, args) -> int:
     """``--max-batch``, with 'auto' resolved from the target's measured cost curve
-    (hardware/profile.py, cached per machine): the most rows B <= 16 whose one-token-each call
-    T(B) costs at most `BATCH_LATENCY` x T(1), so batching raises throughput by up to B / 1.5
-    while each row's step slows by at most 1.5x. Where the curve is steep (scoring B tokens
-    costs about B calls) that is 1: requests queue as without batching. Also 1 with several
-    workers (they would share the cores) and for a backend that cannot batch."""
+    (hardware/profile.py, cached per machine) by `profile.max_batch`: the most rows B <= 16
+    whose one-token-each call, taken to cost T(B), costs at most 1.5 x T(1). Where the curve is
+    steep (scoring B tokens costs about B calls) that is 1: requests queue as without
+    batching. Also 1 with several workers (they would share the cores) and for a backend that
+    cannot batch. `anydraft doctor --batch` measures the batched calls themselves and says
+    what this rule would choose from them."""
     if args.max_batch != "auto":
         return args.max_batch
     target = decoder.target
     if args.max_concurrency > 1 or not target.batches:
         return 1
-    import numpy as np
-
-    from ..hardware.profile import curve_of
+    from ..hardware.profile import curve_of, max_batch
     from ..options import progress
 
-    curve = curve_of(args.target, target, target.backend, progress=progress)
-    sizes = sorted(curve)
-    cost = np.interp(range(1, MAX_AUTO_BATCH + 1), sizes, [curve[m] for m in sizes])
-    return int(np.flatnonzero(cost <= BATCH_LATENCY * curve[1]).max()) + 1
-
+    return max_batch(curve_of(args.target, target, target.backend, progress=progress), MAX_AUTO_BATCH)
