@@ -60,6 +60,12 @@ class DecodeState:
             self.stats.prefill_seconds += seconds
         self.stats.target_calls += 1
 
+    def account_read(self, seconds: float) -> None:
+        """Count ``seconds`` spent reading the prompt (in a call shared with other rows: the
+        time this sequence waited for it)."""
+        self.stats.phase_seconds["target"] += seconds
+        self.stats.prefill_seconds += seconds
+
 
 @dataclass
 class GenerationOutput:
@@ -124,7 +130,8 @@ class Generation:
         """Read the prompt and start the method; whether it started. The prompt is read in
         chunks when something can cancel (asked before each chunk: False and `done` when it
         answers) or when ``chunks`` limits this call to that many (False, not done, while
-        some is left: a batch reads a joining prompt between its other rows' steps)."""
+        some is left). ``chunks=0`` reads nothing: a batch's steps read the prompt (`step`'s
+        ``joining``), and this only asks ``cancel`` and starts the method once all is read."""
         stats, state = self.state.stats, self.state
         if not stats.prompt_tokens:  # the first call
             stats.method = self.method.name
@@ -132,7 +139,8 @@ class Generation:
             self._start = time.perf_counter()
             state.cancel = self.cancel
         if self.cancel is not None or chunks is not None:
-            if reason := prefill(state, self.cancel or (lambda: None), chunks=chunks):
+            cancel = self.cancel or (lambda: None)
+            if reason := (cancel() if chunks == 0 else prefill(state, cancel, chunks=chunks)):
                 self.finish.reason = reason
                 self.close()
                 self.done = True
@@ -236,10 +244,12 @@ class Generation:
 
 class Batch:
     """Generations stepping together (continuous batching, issue 21): each `run_once` starts the
-    generations that joined since the last one (reading their prompts), then runs ONE step of
-    every unfinished generation, in which the rows whose targets are rows of one `BatchSession`
-    are scored in one target call (`step.step`). A generation joins whenever it likes and
-    leaves as soon as it finishes or is cancelled; its target row is freed then."""
+    generations that joined since the last one, then runs ONE step of every unfinished
+    generation, in which the rows whose targets are rows of one `BatchSession` are scored in
+    one target call (`step.step`). A joining prompt is read at once while nothing else decodes;
+    otherwise a part of it rides in each step's call (`step.read_budget`), so that it does not
+    stall the others. A generation joins whenever it likes and leaves as soon as it finishes or
+    is cancelled; its target row is freed then."""
 
     def __init__(self):
         self.joining: list[Generation] = []
@@ -253,16 +263,15 @@ class Batch:
 
     def run_once(self) -> list[tuple[Generation, bool]]:
         """One step of the batch: each generation that made news, with whether it is done."""
-        # a prompt is read one chunk per step while others are decoding, so that it does
-        # not stall them
-        chunks = 1 if self.active else None
+        chunks = 0 if self.active else None  # 0: read in the step's call
         news = [(g, True) for g in self.joining if not g.start(chunks) and g.done]
         self.active += [g for g in self.joining if g.row is not None]
         self.joining = [g for g in self.joining if g.row is None and not g.done]
         news += [(g, True) for g in self.active if not g.ready()]
         self.active = [g for g in self.active if g.row is not None and not g.done]
         if self.active:
-            for g, (new, n_accepted) in zip(self.active, step([g.row for g in self.active]), strict=True):
+            results = step([g.row for g in self.active], [g.state for g in self.joining])
+            for g, (new, n_accepted) in zip(self.active, results, strict=True):
                 g.absorb(new, n_accepted)
                 news.append((g, not g.ready()))  # finished: reported now, not a step later
             self.active = [g for g in self.active if not g.done]

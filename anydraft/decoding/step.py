@@ -22,15 +22,22 @@ import time
 
 import torch
 
+from ..hardware.profile import BATCH_LATENCY
 from ..methods.policy import Measured, allocate
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
+from ..models.session import PREFILL_CHUNK
+
+# the fewest prompt tokens a call reads for joining sequences, however full it is: a
+# 256-token prompt joins within 16 steps
+MIN_READ = 16
 
 
-def step(rows: list[Row]) -> list[tuple[list[int], int]]:
+def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
     """Run one step of every row; return each row's ``(committed tokens, accepted drafts)``:
     the first ``accepted`` tokens were candidates (of the proposer it sets as ``row.proposed``),
-    the last is the target's own."""
+    the last is the target's own. ``joining``: `DecodeState`s still reading their prompts; the
+    calls read the next part of each (`_reads`), their logits unused."""
     states = [row.state for row in rows]
     groups = calls(states)
     choices = _choose(rows, groups)
@@ -43,10 +50,11 @@ def step(rows: list[Row]) -> list[tuple[list[int], int]]:
             proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
         plans.append((choice, mark, proposal, time.perf_counter() - mark[0]))
     proposed = [proposal.candidates for _, _, proposal, _ in plans]
-    shared = _shared(rows, choices, proposed, groups)
+    reads = _reads(rows, proposed, groups, joining)
+    shared = _shared(rows, choices, proposed, groups, reads)
 
     start = time.perf_counter()
-    logits = score(states, proposed, groups)
+    logits = score(states, proposed, groups, reads)
     waited = time.perf_counter() - start  # every row waits for every call
 
     out = []
@@ -103,14 +111,53 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     return choices
 
 
-def _shared(rows: list[Row], choices: list, candidates: list, groups: list[list[int]]) -> list[tuple]:
-    """Per row, before its call: the call's tokens over all its rows, and whether this row
-    adds the call to its pair's cost curve. Per call and pair (`Costs`) one row does, the
-    first whose policy learns from the step, unless a row reads its prompt in the call (its
-    first: the cost is the prompt's, not a step's)."""
-    out: list = [None] * len(rows)
+def read_budget(curve, tokens: int) -> int:
+    """Prompt tokens a call of ``tokens`` step tokens also reads for joining sequences: up to
+    the size whose cost stays within `BATCH_LATENCY` of a one-token call (the latency bound
+    of ``--max-batch auto``), at least `MIN_READ`, at most a prompt chunk; a whole chunk where
+    the cost curve is unknown. ``curve``: tokens -> seconds (`Costs.target_curve`) or None."""
+    if curve is None:
+        return PREFILL_CHUNK
+    limit = BATCH_LATENCY * curve(1)
+    low, high = 0, PREFILL_CHUNK  # the most extra tokens within the limit (the curve never falls)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if curve(tokens + mid) <= limit else (low, mid - 1)
+    return max(MIN_READ, low)
+
+
+def _reads(rows: list[Row], candidates: list, groups: list[list[int]], joining) -> list[list]:
+    """Per call (`calls`), the prompt tokens it reads for ``joining`` states whose targets are
+    rows of its batch: [(state, ids)], the first joiners first, within `read_budget`; one more
+    "call" (last, with no rows) for joiners of no call's batch, read alone."""
+    pending = [s for s in joining if len(s.pending) > 1]
+    out = []
     for group in groups:
+        batch = getattr(rows[group[0]].state.target, "batch", None)
+        mine = [s for s in pending if batch is not None and getattr(s.target, "batch", None) is batch]
         tokens = sum(len(rows[i].state.pending) + len(candidates[i]) for i in group)
+        budget = read_budget(rows[group[0]].policy.estimates.costs.target_curve(), tokens)
+        reads = []
+        for state in mine:
+            if budget > 0:
+                reads.append((state, state.pending[:-1][:budget]))
+                budget -= len(reads[-1][1])
+            pending.remove(state)
+        out.append(reads)
+    out.append([(s, s.pending[:-1][:PREFILL_CHUNK]) for s in pending])
+    return out
+
+
+def _shared(rows: list[Row], choices: list, candidates: list, groups: list[list[int]],
+            reads: list[list]) -> list[tuple]:
+    """Per row, before its call: the call's tokens over all its rows and reads, and whether
+    this row adds the call to its pair's cost curve. Per call and pair (`Costs`) one row does,
+    the first whose policy learns from the step, unless a row reads its prompt in the call
+    (its first: the cost is the prompt's, not a step's)."""
+    out: list = [None] * len(rows)
+    for group, read in zip(groups, reads, strict=False):
+        tokens = sum(len(rows[i].state.pending) + len(candidates[i]) for i in group)
+        tokens += sum(len(ids) for _, ids in read)
         clean, seen = all(rows[i].state.stats.target_calls for i in group), set()
         for i in group:
             costs = id(rows[i].policy.estimates.costs)
@@ -121,22 +168,34 @@ def _shared(rows: list[Row], choices: list, candidates: list, groups: list[list[
     return out
 
 
-def score(states: list, candidates: list[list[int]], groups: list[list[int]]) -> list[torch.Tensor]:
+def score(states: list, candidates: list[list[int]], groups: list[list[int]],
+          reads: list[list] = ()) -> list[torch.Tensor]:
     """Each state's target logits for its pending tokens and candidates (`DecodeState.score`),
-    one target call per group (`calls(states)`)."""
+    one target call per group (`calls(states)`), which also reads that group's ``reads``
+    (`_reads`; the last entry's alone)."""
+    reads = list(reads) or [[] for _ in range(len(groups) + 1)]
     out: list = [None] * len(states)
-    for group in groups:
-        if len(group) == 1 and getattr(states[group[0]].target, "batch", None) is None:
+    for group, read in zip(groups, reads, strict=False):
+        if len(group) == 1 and not read and getattr(states[group[0]].target, "batch", None) is None:
             out[group[0]] = states[group[0]].score(candidates[group[0]])
             continue
         batch = states[group[0]].target.batch
         feeds = {states[i].target.row: states[i].pending + list(candidates[i]) for i in group}
+        wanted = {states[i].target.row: len(candidates[i]) + 1 for i in group}
+        for state, ids in read:
+            feeds[state.target.row], wanted[state.target.row] = ids, 1
         start = time.perf_counter()
-        logits = batch.feed_rows(feeds, {states[i].target.row: len(candidates[i]) + 1 for i in group})
+        logits = batch.feed_rows(feeds, wanted)
         seconds = time.perf_counter() - start
         for i in group:
             states[i].account(seconds)
             out[i] = logits[states[i].target.row]
+        for state, _ in read:
+            state.account_read(seconds)
+    for state, ids in reads[-1]:  # joiners of no call's batch: a call of their own
+        start = time.perf_counter()
+        state.target.feed(ids, rows=1)
+        state.account_read(time.perf_counter() - start)
     return out
 
 

@@ -3,13 +3,17 @@
 transformers' caches keep one length for the whole batch (``DynamicCache.crop`` cuts every
 row alike), while speculative decoding rolls each sequence back on its own. So the cache here
 is our own: per layer, keys and values of shape ``[max_rows, heads, capacity, dim]`` and one
-length per row. A call feeds each row's new tokens right-padded to the longest, at that row's
-own positions (``position_ids``), writes them after the row's length, and attends through a
-4D mask that lets token t of row r see exactly positions ``<= length_r + t`` of its own row:
-the padding (after the real tokens) and whatever an earlier rollback left behind are never
-seen. Afterwards each row's length counts only its real tokens, so the padding is gone as a
-rollback is: by a number. The model code is transformers' own; only the cache and the mask
-are ours.
+length per row.
+
+A call is packed (ragged): every row's new tokens one after another in ONE sequence, each at
+its row's own positions (``position_ids``), with no padding, so the linear layers, which are
+nearly all of a step's work, compute exactly the tokens fed (rows offering 1 and 9 tokens
+cost 10, not 18). Each layer writes a row's keys and values after that row's length, and
+attention runs row by row (`_rows_attention`, through transformers' own attention function
+for the model): token t of row r attends to positions ``<= length_r + t`` of its own row
+only, so other rows, and whatever an earlier rollback left behind, are never seen. A rollback
+is a number: the row's length. The model code is transformers' own; only the cache, the
+attention dispatch and the mask are ours.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from collections.abc import Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from ..errors import AnydraftError
 from .batch import full
 from .session import context_window, fast_path_problem, rows_to_return
 
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
+PACKED = "anydraft_rows"  # the attention implementation a packed call runs under
+LAYOUT = "anydraft_rows_layout"  # the keyword that carries a call's layout to the attention
 
 
 def batchable(model) -> bool:
@@ -48,19 +56,17 @@ class _Layer(CacheLayerMixin):
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        batch, tokens = self.batch, key_states.shape[2]
-        need = max(batch.lengths[r] for r in batch.call_rows) + tokens
+        """Write each row's new keys and values (one packed sequence) after its length; return
+        every row's whole cache, which `_rows_attention` reads row by row."""
+        batch = self.batch
+        need = max(batch.lengths[r] + n for r, _, n in batch.call)
         if self.keys is None or self.keys.shape[2] < need:
             self._grow(key_states, value_states, need)
-        for i, r in enumerate(batch.call_rows):
-            start = batch.lengths[r]
-            self.keys[r, :, start:start + tokens] = key_states[i]
-            self.values[r, :, start:start + tokens] = value_states[i]
-        rows, width = batch.call_rows, batch.call_width
-        if rows == list(range(rows[0], rows[0] + len(rows))):  # consecutive rows: a view
-            return self.keys[rows[0]:rows[-1] + 1, :, :width], self.values[rows[0]:rows[-1] + 1, :, :width]
-        index = torch.tensor(rows, device=self.keys.device)
-        return self.keys[index, :, :width], self.values[index, :, :width]
+        for r, start, n in batch.call:
+            at = batch.lengths[r]
+            self.keys[r, :, at:at + n] = key_states[0, :, start:start + n]
+            self.values[r, :, at:at + n] = value_states[0, :, start:start + n]
+        return self.keys, self.values
 
     def _grow(self, key_states, value_states, need: int) -> None:
         """Room for ``need`` positions per row (doubling: a long generation grows it rarely)."""
@@ -77,7 +83,7 @@ class _Layer(CacheLayerMixin):
         return 0  # positions and the mask are given with every call
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.batch.call_width, 0
+        return query_length, 0  # never asked: every call brings its own (unused) 4D mask
 
     def get_max_length(self) -> int:
         return -1
@@ -99,12 +105,11 @@ class TorchBatch:
         self.vocab_size = self.head.weight.shape[0]
         self.max_length = context_window(model)
         self.device = next(model.parameters()).device
-        self.eager = model.config._attn_implementation == "eager"
         config = model.config.get_text_config(decoder=True)
         self.cache = _Cache(self, config.num_hidden_layers)
+        self.attention = model.config._attn_implementation  # what each row's attention runs
         self.lengths: dict[int, int] = {}
-        self.call_rows: list[int] = []
-        self.call_width = 0
+        self.call: list[tuple[int, int, int]] = []  # (row, start in the packed call, tokens)
 
     def add_row(self) -> int:
         if len(self.lengths) >= self.max_rows:
@@ -127,29 +132,62 @@ class TorchBatch:
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         order = sorted(feeds)
         wanted = {r: rows_to_return(self.lengths[r], self.max_length, feeds[r], rows[r]) for r in order}
-        tokens = max(len(feeds[r]) for r in order)
-        width = max(self.lengths[r] for r in order) + tokens
-        ids = torch.zeros((len(order), tokens), dtype=torch.long)
-        positions = torch.empty((len(order), tokens), dtype=torch.long)
-        mask = torch.empty((len(order), 1, tokens, width), dtype=torch.bool)
-        keys = torch.arange(width)
-        for i, r in enumerate(order):
-            ids[i, :len(feeds[r])] = torch.as_tensor(list(feeds[r]))
-            positions[i] = self.lengths[r] + torch.arange(tokens)
-            mask[i, 0] = keys[None, :] <= positions[i][:, None]
-        if self.eager:  # eager attention adds its mask to the scores
-            mask = torch.zeros(mask.shape, dtype=self.head.weight.dtype).masked_fill(
-                ~mask, torch.finfo(self.head.weight.dtype).min)
-        self.call_rows, self.call_width = order, width
-        hidden = self.body(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
-                           attention_mask=mask.to(self.device), cache=self.cache,
-                           use_cache=True).last_hidden_state
+        ids, positions, self.call = [], [], []
+        for r in order:
+            self.call.append((r, len(ids), len(feeds[r])))
+            ids += feeds[r]
+            positions += range(self.lengths[r], self.lengths[r] + len(feeds[r]))
+        layout = [(r, start, n, self.lengths[r] + n, self._mask(r, n)) for r, start, n in self.call]
+        config = self.model.config
+        config._attn_implementation_internal = PACKED
+        try:
+            hidden = self.body(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
+                # a ready 4D mask, which transformers passes on as it is; the rows' own masks
+                # travel in the layout
+                attention_mask=torch.ones((1, 1, len(ids), 1), dtype=torch.bool, device=self.device),
+                cache=self.cache, use_cache=True, **{LAYOUT: (self.attention, layout)},
+            ).last_hidden_state[0]
+        finally:
+            config._attn_implementation_internal = self.attention
         # one output-layer product for every row's wanted positions: the layer is the largest
         # matrix of a small model, and a product per row would read it once per row
         spans = []
-        for i, r in enumerate(order):
-            n = len(feeds[r])
+        for r, start, n in self.call:
             self.lengths[r] += n
-            spans.append(hidden[i, n - wanted[r]:n])
+            spans.append(hidden[start + n - wanted[r]:start + n])
         logits = self.head(torch.cat(spans)).float().cpu().split([wanted[r] for r in order])
         return dict(zip(order, logits, strict=True))
+
+    def _mask(self, row: int, n: int) -> torch.Tensor | None:
+        """Row ``row``'s mask for ``n`` new tokens: token t sees positions ``<= length + t``
+        (None for one token: it sees the whole row); additive for eager attention."""
+        if n == 1:
+            return None
+        length = self.lengths[row]
+        keys = torch.arange(length + n, device=self.device)
+        mask = (keys[None, :] <= length + torch.arange(n, device=self.device)[:, None])[None, None]
+        if self.attention == "eager":
+            dtype = self.head.weight.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
+        return mask
+
+
+def _rows_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention of a packed call (`TorchBatch.feed_rows`): each row's queries against its own
+    cache only, through the model's own attention function. ``query``: ``[1, heads, tokens,
+    dim]``, every row's tokens one after another; ``key``, ``value``: every row's cache. Called
+    without a layout (another thread's call on the same model during a packed one), it is
+    plain sdpa."""
+    if LAYOUT not in kwargs:
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    implementation, layout = kwargs.pop(LAYOUT)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    outs = [attend(module, query[:, :, start:start + n], key[r:r + 1, :, :width],
+                   value[r:r + 1, :, :width], mask, **kwargs)[0]
+            for r, start, n, width, mask in layout]
+    return torch.cat(outs, dim=1), None  # [1, tokens, heads, dim], as every attention returns
+
+
+AttentionInterface.register(PACKED, _rows_attention)

@@ -98,7 +98,7 @@ def test_bad_prompt_lists_are_refused(decoders):
 
 @pytest.mark.parametrize("method", ["ar", "sd"])
 def test_one_forward_pass_for_all_rows_gives_the_same(decoders, method):
-    """The tiny torch target's own batch (`TorchBatch`: one forward pass, rows padded) against
+    """The tiny torch target's own batch (`TorchBatch`: one forward pass, rows packed) against
     each prompt alone, greedy and seeded sampling."""
     from anydraft.models.rows import TorchBatch
 
@@ -123,3 +123,42 @@ def test_at_most_max_batch_rows_and_the_next_joins_as_one_leaves(decoders, metho
     assert outs[0].finish_reason == "stop" and [0, 1] in calls[len(outs[0].token_ids):]
     with pytest.raises(AnydraftError, match="max_batch must be a positive integer"):
         decoder.generate_batch(PROMPTS, 5, max_batch=0)
+
+
+def test_a_joining_prompt_rides_in_the_calls_of_the_rows_decoding(decoders, monkeypatch):
+    """While a row decodes, a joining prompt is read inside its calls, `read_budget` tokens at
+    a time, never in a call of its own that the row would wait for; the outputs stay exact."""
+    from anydraft.decoding import step as step_module
+
+    decoder = decoders["ar"]
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]  # the long prompt joins when the first leaves
+    stop = decoder.generate(prompts[0], 30, chat=False).text[2:5]
+    sizes: list[dict[int, int]] = []
+
+    class Sizes(SerialBatch):
+        def feed_rows(self, feeds, rows):
+            sizes.append({row: len(ids) for row, ids in feeds.items()})
+            return super().feed_rows(feeds, rows)
+
+    monkeypatch.setattr(decoder.target, "new_batch", lambda n: Sizes(decoder.target.new_session, n))
+    monkeypatch.setattr(step_module, "read_budget", lambda curve, tokens: 16)
+    outs = decoder.generate_batch(prompts, 30, chat=False, stop=[stop], max_batch=2)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == decoder.generate(prompt, 30, chat=False, stop=[stop]).token_ids
+    # from the first call of both rows until prompt 1 (row 1) leaves, every call holds row 1:
+    # the long prompt (row 0, after prompt 0 left) was read 16 tokens a call inside them
+    first = next(i for i, s in enumerate(sizes) if len(s) == 2)
+    last = max(i for i, s in enumerate(sizes) if 1 in s)
+    assert all(1 in s for s in sizes[first:last + 1])
+    assert sum(s.get(0) == 16 for s in sizes[first:last + 1]) >= 2
+
+
+def test_read_budget_follows_the_cost_curve():
+    from anydraft.decoding.step import MIN_READ, read_budget
+    from anydraft.models.session import PREFILL_CHUNK
+
+    assert read_budget(None, 4) == PREFILL_CHUNK  # nothing measured: a whole chunk
+    assert read_budget(lambda n: 1.0, 4) == PREFILL_CHUNK  # flat: a chunk rides for free
+    # 1.5 x T(1) = 1.515 s holds 51 tokens: 47 beside the step's 4
+    assert read_budget(lambda n: 1.0 + 0.01 * n, 4) == 47
+    assert read_budget(lambda n: 0.2 + 0.02 * n, 4) == MIN_READ  # steep: the floor

@@ -1,5 +1,5 @@
 """`TorchBatch` (models/rows.py): rows of one transformers model in one forward pass, each
-exactly a session of its own (`check_rows`), padding and stale positions never seen."""
+exactly a session of its own (`check_rows`), other rows and stale positions never seen."""
 
 from __future__ import annotations
 
@@ -28,9 +28,26 @@ def test_eager_attention_takes_the_same_mask_as_additive_scores():
     check_rows(TorchBatch(eager, max_rows=3), lambda: HFSession(eager))
 
 
+def test_a_call_computes_only_the_tokens_fed(model):
+    """Packed rows: 1 token beside 9 is one sequence of 10 positions, with no padding."""
+    batch = TorchBatch(model, max_rows=2)
+    a, b = batch.add_row(), batch.add_row()
+    body, shapes = batch.body, []
+
+    def spy(**kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return body(**kwargs)
+
+    batch.body = spy
+    got = batch.feed_rows({a: IDS[:1], b: IDS[:9]}, {a: 1, b: 9})
+    assert shapes == [(1, 10)]
+    same(got[b], HFSession(model).feed(IDS[:9], 9))
+
+
 def test_padding_and_stale_positions_never_leak(model):
-    """A 5-token row beside a 500-token one (495 padded positions in the first call), after the
-    cache was filled with huge values where nothing real was written yet."""
+    """A 5-token row beside a 500-token one in one call (the issue's padding case: a packed call
+    pads nothing, but each row must still attend to its own positions only), after the cache
+    was filled with huge values where nothing real was written yet."""
     batch = TorchBatch(model, max_rows=2)
     short, long_ = batch.add_row(), batch.add_row()
     prompt = [(7 * i + 11) % 290 + 3 for i in range(500)]
@@ -43,8 +60,8 @@ def test_padding_and_stale_positions_never_leak(model):
     got = batch.feed_rows({short: IDS[:5], long_: prompt}, {short: 5, long_: 3})
     same(got[short], HFSession(model).feed(IDS[:5], 5))
     same(got[long_], HFSession(model).feed(prompt, 3))
-    # rolled back, the short row's old tail and padding lie inside the next call's width (the
-    # long row sets it): the mask must hide them
+    # rolled back, the short row's old tail stays in its cache: its attention must stop at
+    # its length
     batch.rollback(short, 2)
     alone = HFSession(model)
     alone.feed(IDS[:2])
