@@ -28,10 +28,10 @@ from .machine import Machine, this_machine
 ROWS = (1, 2, 4, 8)  # rows in one call
 TOKENS = (1, 5)  # new tokens per row: a plain step, and a verification of 4 drafts
 # tokens already in every row. Not the curve's 200: filling 8 rows costs 8 prompts, and on the
-# 2-core Zen 3 a 200-token prompt of the 1.5B target (float32+onednn) takes about 12 s, so 8 rows
-# of 200 would take most of two minutes. At these contexts attention is about 1% of a 1.5B
-# model's call (the weights dominate), so 64 and 200 differ below the noise; --batch-context
-# asks for another.
+# 2-core Zen 3 with the 1.5B target (float32+onednn) 8 rows of 64 filled in 11 s on a quiet
+# machine, while 8 of 200 took 100 s with another job on the cores. At these contexts attention
+# is about 1% of a 1.5B model's call (its weights dominate), below the noise of these timings;
+# --batch-context asks for another.
 CONTEXT = 64
 
 
@@ -63,21 +63,24 @@ def measure(batch, rows=ROWS, tokens=TOKENS, width: int | None = None, context: 
     hits every call alike. ``width``: ids are drawn below it (any ids cost the same)."""
     width = width or batch.vocab_size
     n = context_for(batch.max_length, tokens, context)
+    began = time.perf_counter()
+
+    def say(message):
+        if progress:
+            progress(f"batch: {message} ({time.perf_counter() - began:.0f} s)")
+
     ids = {}
     for i in range(max(rows)):
         row = batch.add_row()
         ids[row] = [(7919 * (t + 211 * i) + 13) % width for t in range(n + max(tokens))]
-        if progress:
-            progress(f"batch: filling row {i + 1}/{max(rows)} with {n} tokens")
+        say(f"filling row {i + 1}/{max(rows)} with {n} tokens")
         batch.feed_rows({row: ids[row][:n]}, {row: 1})
     order = sorted(ids)
     calls = [(b, q) for q in tokens for b in rows]
     times = {call: [] for call in calls}
     for rep in range(repeats + 1):
-        if progress:
-            progress(f"batch: {'warm-up pass' if rep == 0 else f'pass {rep}/{repeats}'} over "
-                     f"{len(calls)} calls (rows {', '.join(map(str, rows))} x tokens "
-                     f"{', '.join(map(str, tokens))})")
+        say(f"{'warm-up pass' if rep == 0 else f'pass {rep}/{repeats}'} over {len(calls)} calls "
+            f"(rows {', '.join(map(str, rows))} x tokens {', '.join(map(str, tokens))})")
         for b, q in calls:
             feeds = {row: ids[row][n:n + q] for row in order[:b]}
             start = clock()
