@@ -23,7 +23,7 @@ from .errors import AnydraftError
 from .hardware.profile import cached_curve
 from .methods.policy import Costs, Estimates
 from .models.backends import LoadedModel, check_backend, check_target_device, load
-from .models.batch import BatchSession, RowView
+from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
 from .sampling import SamplingParams
 
@@ -149,13 +149,21 @@ class Decoder:
         return ids
 
     # -- generation ------------------------------------------------------------------------
-    def start(self, prompt, max_new_tokens: int = 128, *, rows: BatchSession | None = None,
+    def new_rows(self, max_rows: int) -> Rows:
+        """Room for ``max_rows`` generations decoding together (`start`'s ``rows``): a batch of
+        the target's, and of the drafter's where its backend batches (models/batch.py)."""
+        drafter = self.drafter
+        batches = drafter is not None and drafter.batches
+        return Rows(self.target.new_batch(max_rows), drafter.new_batch(max_rows) if batches else None)
+
+    def start(self, prompt, max_new_tokens: int = 128, *, rows: Rows | None = None,
               sampling: SamplingParams | None = None, chat: bool = True,
               stop: str | Sequence[str] | None = None, method: str | None = None,
               cancel: Callable[[], str | None] | None = None, **shortcuts) -> Generation:
         """One request, checked and ready to run in a `Batch` (the entry point of `stream`,
         `generate_batch` and the server): `generate`'s arguments, plus ``rows``, the
-        `BatchSession` whose row the target runs in (None: a session of its own), and
+        batches (`new_rows`) whose rows the target and drafter run in (None: sessions of their
+        own), and
         ``cancel``, asked between prompt chunks and before every step (a non-empty answer ends
         generation with that string as the finish reason). Bad input raises here."""
         method = self.draft.method if method is None else check_method(method, self.drafter is not None)
@@ -169,8 +177,9 @@ class Decoder:
             raise AnydraftError("stop must be a string or a list of strings")
         params = override(sampling or SamplingParams(), **shortcuts)
         ids = self.prompt_ids(prompt, chat)
-        session = self.target.new_session() if rows is None else RowView(rows)
-        state = DecodeState(session, list(ids), params, params.generator(), Stats())
+        session = self.target.new_session() if rows is None else RowView(rows.target)
+        state = DecodeState(session, list(ids), params, params.generator(), Stats(),
+                            drafter_rows=None if rows is None else rows.drafter)
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
         return Generation(state, self._method_factory(method, params, max_new_tokens),
                           max_new_tokens, self.eos_ids, text, Finish(), cancel)
@@ -232,7 +241,7 @@ class Decoder:
             raise AnydraftError(f"max_batch must be a positive integer, got {max_batch!r}")
         for prompt in prompts:  # every prompt checked before any is decoded
             self.prompt_ids(prompt, chat)
-        rows = self.target.new_batch(min(max_batch, len(prompts)))
+        rows = self.new_rows(min(max_batch, len(prompts)))
         batch, generations = Batch(), []
         while True:
             while len(batch) < max_batch and len(generations) < len(prompts):

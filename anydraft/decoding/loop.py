@@ -35,6 +35,7 @@ class DecodeState:
     budget: int = 1  # new tokens still wanted (set by the loop before each step)
     # asked between prompt chunks, the drafter's too (set by the loop; None: nothing cancels)
     cancel: Callable[[], str | None] | None = None
+    drafter_rows: object = None  # the drafter's BatchSession to take a row of (None: a session)
 
     @property
     def pending(self) -> list[int]:
@@ -212,10 +213,13 @@ class Generation:
         self.state.stats.seconds = time.perf_counter() - self._start
 
     def leave(self) -> None:
-        """Free the target's row or cache now (a batch's row goes to the next request)."""
-        close = getattr(self.state.target, "close", None)
-        if close is not None:
-            close()
+        """Free the target's and the drafter's rows or caches now (a batch's rows go to the next
+        request)."""
+        drafter = self.row.drafter if self.row is not None else None
+        for session in (self.state.target, drafter.session if drafter is not None else None):
+            close = getattr(session, "close", None)
+            if close is not None:
+                close()
 
     def delta(self) -> str:
         """New text since the last call (never half a UTF-8 character or a possible stop string)."""

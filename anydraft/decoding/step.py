@@ -41,10 +41,13 @@ def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
     states = [row.state for row in rows]
     groups = calls(states)
     choices = _choose(rows, groups)
+    marks = [_mark(row) for row in rows]
+    drafts = draft_together(rows, choices)
     plans = []
-    for row, choice in zip(rows, choices, strict=True):  # propose, each row on its own
-        mark = _mark(row)
-        if choice.proposer == "plain":
+    for i, (row, choice, mark) in enumerate(zip(rows, choices, marks, strict=True)):  # propose
+        if i in drafts:
+            proposal = row.drafting.finish(row.state, *drafts[i])
+        elif choice.proposer == "plain":
             proposal = Proposal([])
         else:
             proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
@@ -94,6 +97,49 @@ def calls(states: list) -> list[list[int]]:
         else:
             out.append(batches.setdefault(id(batch), [i]))
     return out
+
+
+def draft_together(rows: list[Row], choices: list) -> dict[int, tuple[list[int], list]]:
+    """The drafts of the rows that draft with drafters whose sessions are rows of one batch
+    (`Decoder.new_rows`), two or more of them: each drafting pass of all of them is ONE call of
+    that batch (`Drafter.drafting`, run in step), so the drafter's weights are read once a
+    pass, not once a row. Per row index: ``(drafts, distributions)``. Each row drafts exactly
+    as alone (its own text, sampling and generator); the calls' time counts as every taking
+    part row's drafting time."""
+    groups: dict[int, list[int]] = {}
+    for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
+        batch = getattr(row.drafter.session, "batch", None) if row.drafter is not None else None
+        if choice.proposer == "draft" and choice.k and batch is not None:
+            groups.setdefault(id(batch), []).append(i)
+    out = {}
+    for group in (g for g in groups.values() if len(g) > 1):
+        batch = rows[group[0]].drafter.session.batch
+        drafting, feeds = {}, {}
+        for i in group:
+            row, choice = rows[i], choices[i]
+            drafting[i] = row.drafter.drafting(choice.k, *row.drafting.draft_args(row.state), choice.read)
+            feeds[i] = _advance(row, drafting[i], None, out, i)
+        while any(ids is not None for ids in feeds.values()):
+            feeds = {i: ids for i, ids in feeds.items() if ids is not None}
+            start = time.perf_counter()
+            logits = batch.feed_rows({rows[i].drafter.session.row: ids for i, ids in feeds.items()},
+                                     {rows[i].drafter.session.row: 1 for i in feeds})
+            seconds = time.perf_counter() - start
+            for i in feeds:
+                rows[i].state.stats.phase_seconds["draft"] += seconds
+                feeds[i] = _advance(rows[i], drafting[i], logits[rows[i].drafter.session.row][-1], out, i)
+    return out
+
+
+def _advance(row: Row, drafting, logits, out: dict, i: int):
+    """Send ``logits`` to a row's `Drafter.drafting` (None: start it); the ids it feeds next,
+    or None once it returned its drafts (into ``out[i]``)."""
+    with row.state.stats.timed("draft"):
+        try:
+            return next(drafting) if logits is None else drafting.send(logits)
+        except StopIteration as end:
+            out[i] = end.value
+            return None
 
 
 def _choose(rows: list[Row], groups: list[list[int]]) -> list:

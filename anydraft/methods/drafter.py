@@ -20,8 +20,19 @@ import torch
 
 from ..bridge import UnspellableBytes
 from ..bridge.translate import resync
-from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
+from ..models.session import PREFILL_CHUNK, Session
 from ..sampling import sample
+
+
+def drive(drafting, feed: Callable[[list[int]], torch.Tensor]):
+    """Run a `Drafter.drafting` generator to its end, ``feed`` answering each of its feeds
+    with the logits after them; what it returns."""
+    try:
+        ids = next(drafting)
+        while True:
+            ids = drafting.send(feed(ids))
+    except StopIteration as end:
+        return end.value
 
 
 class Drafter:
@@ -45,12 +56,24 @@ class Drafter:
                 greedy: bool, generator: torch.Generator, confidence: float,
                 stop_ids: frozenset[int] = frozenset(), read: int = 0,
                 ) -> tuple[list[int], list[torch.Tensor]]:
-        """Draft up to ``k`` tokens; return them and the distribution each was drawn from.
+        """Draft up to ``k`` tokens on this drafter's own session; return them and the
+        distribution each was drawn from (`drafting`, which says how)."""
+        with self.stats.timed("draft"):
+            return drive(self.drafting(k, to_probs, greedy, generator, confidence, stop_ids, read),
+                         lambda ids: self.session.feed(ids, rows=1)[-1])
+
+    def drafting(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
+                 greedy: bool, generator: torch.Generator, confidence: float,
+                 stop_ids: frozenset[int] = frozenset(), read: int = 0):
+        """Draft up to ``k`` tokens, as a generator: it yields the ids to feed the drafter's
+        session next and is sent the logits after them (`propose` feeds them one call at a
+        time; a batch of drafters, `step.draft_together`, feeds every row's in one call); it
+        returns the drafts and the distribution each was drawn from.
 
         Before drafting, a backlog longer than ``read`` tokens (0: the drafter's context) is
         cut to its last ``read`` (`trim`). With ``cancel``, a backlog longer than a chunk (the
-        prompt) is read in chunks as the target's prompt is (`read_in_chunks`); a cancel while
-        reading drafts nothing, and the loop ends before the next step.
+        prompt) is read in chunks as the target's prompt is; a cancel while reading drafts
+        nothing, and the loop ends before the next step.
 
         ``to_probs`` turns drafter logits into the proposal distribution (``None``: nothing
         can be proposed here). Greedy drafting takes the argmax of that distribution.
@@ -59,34 +82,36 @@ class Drafter:
         """
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
-        with self.stats.timed("draft"):
-            if not self.ids:  # it could read none of the text: nothing to draft from
-                k = 0
-            elif len(self.session) == len(self.ids):  # no logits for the next position: redo the last
-                self.session.rollback(len(self.ids) - 1)
-            if k:
-                self.trim(read or self.context)
-            k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
-            feed = self.ids[len(self.session):]
-            self.caught_up = len(feed) if k else 0
-            if k and self.cancel is not None and len(feed) > PREFILL_CHUNK:
-                if read_in_chunks(self.session, feed[:-1], self.cancel):
+        if not self.ids:  # it could read none of the text: nothing to draft from
+            k = 0
+        elif len(self.session) == len(self.ids):  # no logits for the next position: redo the last
+            self.session.rollback(len(self.ids) - 1)
+        if k:
+            self.trim(read or self.context)
+        k = max(0, min(k, self.session.max_length - len(self.ids) - 1))
+        feed = self.ids[len(self.session):]
+        self.caught_up = len(feed) if k else 0
+        if k and self.cancel is not None and len(feed) > PREFILL_CHUNK:
+            while len(feed) > PREFILL_CHUNK:  # all but the last token, a chunk at a time
+                if self.cancel():
                     k = self.caught_up = 0
-                feed = feed[-1:]
-            for _ in range(k):
-                logits = self.session.feed(feed, rows=1)[-1]
-                self.stats.drafter_calls += 1
-                if confidence > 0 and float(torch.softmax(logits, -1).max()) < confidence:
                     break
-                q = to_probs(logits)
-                if q is None:
-                    break
-                token = int(q.argmax()) if greedy else sample(q, generator)
-                tokens.append(token)
-                dists.append(q)
-                if token in stop_ids:
-                    break
-                feed = [token]
+                chunk, feed = feed[:PREFILL_CHUNK], feed[PREFILL_CHUNK:]
+                yield chunk
+        for _ in range(k):
+            logits = yield feed
+            self.stats.drafter_calls += 1
+            if confidence > 0 and float(torch.softmax(logits, -1).max()) < confidence:
+                break
+            q = to_probs(logits)
+            if q is None:
+                break
+            token = int(q.argmax()) if greedy else sample(q, generator)
+            tokens.append(token)
+            dists.append(q)
+            if token in stop_ids:
+                break
+            feed = [token]
         self.drafts = tokens
         return tokens, dists
 

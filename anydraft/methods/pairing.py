@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from ..bridge import same_tokenizer, token_table
 from ..bridge.intersection import intersect
 from ..config import DRAFTER_CONTEXT
+from ..models.batch import RowView
 from ..models.session import Session
 from .drafter import Drafter
 from .policy import Estimates, Policy, best
 from .row import Row
+from .verify import Proposal
 
 TRIAL_STEPS = 24  # drafting steps of each candidate method before `fastest` compares them
 
@@ -83,7 +85,9 @@ class Pairing:
         if not same_ids:
             text = self.target_table.decode_bytes(body).decode("utf-8", errors="replace")
             head, body = list(self.drafter_bos), self.drafter_table.encode(text)
-        return Drafter(self.new_drafter_session(), self.drafter_table, head + body, state.stats,
+        rows = getattr(state, "drafter_rows", None)  # a test's bare state has none
+        session = self.new_drafter_session() if rows is None else RowView(rows)
+        return Drafter(session, self.drafter_table, head + body, state.stats,
                        None if same_ids else self.target_table, len(head), self.drafter_context,
                        state.cancel, self.drafter_vocab_size)
 
@@ -108,3 +112,22 @@ class Pairing:
         if None in rates.values():
             return candidates[0]
         return max(candidates, key=rates.get)
+
+
+class DrafterMethod:
+    """A method that drafts with the drafter model (sd, slem, tli, slrs). It says what its
+    drafter drafts with (``draft_args(state)``: the ``to_probs, greedy, generator,
+    confidence, stop_ids`` of `Drafter.drafting`) and what the drafts propose (``finish(state,
+    drafts, qs)``: a `Proposal`), so that the drafters of a batch can draft together
+    (decoding/step.py)."""
+
+    same_ids = False  # whether the drafter reads the target's own ids
+
+    def __init__(self, pairing: Pairing):
+        self.pairing = pairing
+
+    def start(self, state) -> Row:
+        return self.pairing.start(state, self)
+
+    def propose(self, state, drafter, k: int, read: int) -> Proposal:
+        return self.finish(state, *drafter.propose(k, *self.draft_args(state), read))

@@ -374,9 +374,10 @@ class Policy:
         """``choice`` as one row of a shared target call (`allocate`). A fixed draft length and
         a probe are kept whole; renting and the first plain step chose no drafts already."""
         free = choice.proposer == "copy"
+        together = not free and getattr(getattr(drafter, "session", None), "batch", None) is not None
         return Bid(choice, self.estimates.costs, len(state.pending),
                    not self.adaptive or choice.probe, free, 0 if free else self.backlog(drafter),
-                   state.budget)
+                   state.budget, together)
 
     def learns_call(self, choice: Choice) -> bool:
         """Whether the step ``choice`` leads to adds its target call to the pair's cost curve:
@@ -425,7 +426,9 @@ class Bid:
     """One row of a shared target call, as `allocate` sees it: its `Choice` (at most
     ``choice.k`` candidates; ``fixed``: exactly those), the ``pending`` tokens the call scores
     before them, its pair's ``costs``; ``free``: copies (no drafter pass); ``backlog``: tokens
-    the drafter reads first, paid for by the ``budget`` tokens still wanted."""
+    the drafter reads first, paid for by the ``budget`` tokens still wanted; ``together``:
+    its drafter is a row of a drafter batch, drafting in one call with the other such rows'
+    (decoding/step.py `draft_together`)."""
 
     choice: Choice
     costs: Costs
@@ -434,6 +437,7 @@ class Bid:
     free: bool = False
     backlog: int = 0
     budget: int = 1 << 30
+    together: bool = False
 
 
 def _terms(bid: Bid, k: int) -> tuple:
@@ -454,7 +458,10 @@ def _terms(bid: Bid, k: int) -> tuple:
 def allocate(bids: list[Bid]) -> list[int]:
     """Joint draft lengths for the rows of one target call: the k's that raise the batch's
     expected committed tokens per second, ``sum E_r / (sum k_r d_r + T(sum n_r) + sum o_r)``
-    with n_r the row's pending tokens and candidates (drafters run one row after another).
+    with n_r the row's pending tokens and candidates (drafters run one row after another;
+    drafters that draft together, `Bid.together`, cost the longest draft of them, ``max k_r
+    d_r``, with d_r what a pass of them all cost, and are also raised together: every one to
+    at least m drafts).
 
     Each row's own choice is the most it drafts (beside rows that fill the call too, a draft
     seldom buys more than alone; the cap keeps `room` and renting). From no drafts, the move
@@ -469,27 +476,44 @@ def allocate(bids: list[Bid]) -> list[int]:
     if curve is None:
         return ks
     options = []  # per row: k -> its terms, for each k it may take
+    joint = []  # per row: k -> its drafter seconds where it drafts together (else 0, summed)
     for i, bid in enumerate(bids):
         timed = bid.free or bid.choice.acc is None or bid.costs.draft.value is not None
-        if bid.fixed or not timed:
-            options.append({ks[i]: _terms(bid, ks[i])})
-        else:
-            options.append({k: _terms(bid, k) for k in range(ks[i] + 1)})
-            ks[i] = 0
+        ks_i = [ks[i]] if bid.fixed or not timed else range(ks[i] + 1)
+        terms = {k: _terms(bid, k) for k in ks_i}
+        joint.append({k: t[1] if bid.together else 0.0 for k, t in terms.items()})
+        if bid.together:  # its drafter seconds count in the max, not the sum
+            terms = {k: (t[0], 0.0, *t[2:]) for k, t in terms.items()}
+        options.append(terms)
+        ks[i] = min(ks_i)
 
-    def rate(totals):
+    def rate(totals, together):
         expected, drafts, overheads, reads, tokens = totals
-        return expected / (drafts + curve(tokens) + overheads + reads)
+        return expected / (drafts + together + curve(tokens) + overheads + reads)
 
     while True:
         totals = [sum(x) for x in zip(*(options[i][k] for i, k in enumerate(ks)), strict=True)]
-        now, move = rate(totals), None
+        longest = sorted(((joint[i][k], i) for i, k in enumerate(ks)), reverse=True)[:2] + [(0.0, -1)]
+        now, move = rate(totals, longest[0][0]), None
         for i, k in enumerate(ks):
+            others = longest[1][0] if longest[0][1] == i else longest[0][0]
             for more, terms in options[i].items():
                 if more > k:
-                    r = rate([t - o + n for t, o, n in zip(totals, options[i][k], terms, strict=True)])
+                    r = rate([t - o + n for t, o, n in zip(totals, options[i][k], terms, strict=True)],
+                             max(others, joint[i][more]))
                     if r > now:  # ties: the earlier row, the shorter draft
-                        now, move = r, (i, more)
+                        now, move = r, [(i, more)]
+        # drafters that draft together also move together: one row's longer draft alone
+        # makes all wait, where every row's pays
+        for m in range(1, max((max(o) for o, b in zip(options, bids, strict=True) if b.together), default=0) + 1):
+            raised = [(i, max(k, min(m, max(options[i])))) for i, k in enumerate(ks) if bids[i].together]
+            if all(k in options[i] for i, k in raised) and any(k > ks[i] for i, k in raised):
+                after = dict(enumerate(ks)) | dict(raised)
+                chosen = [options[i][k] for i, k in after.items()]
+                r = rate([sum(x) for x in zip(*chosen, strict=True)], max(joint[i][k] for i, k in after.items()))
+                if r > now:
+                    now, move = r, raised
         if move is None:
             return ks
-        ks[move[0]] = move[1]
+        for i, k in move:
+            ks[i] = k

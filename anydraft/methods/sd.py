@@ -8,27 +8,21 @@ from __future__ import annotations
 
 import torch
 
-from .pairing import Pairing
-from .row import Row
+from .pairing import DrafterMethod
 from .verify import Proposal, verify_exact, verify_rejection
 
 
-class SpeculativeSampling:
+class SpeculativeSampling(DrafterMethod):
     name = "sd"
     same_ids = True  # the drafter reads the target's own ids
 
-    def __init__(self, pairing: Pairing):
-        self.pairing = pairing
-
-    def start(self, state) -> Row:
-        return self.pairing.start(state, self)
-
-    def propose(self, state, drafter, k: int, read: int) -> Proposal:
+    def draft_args(self, state) -> tuple:
         params, width = state.params, self.pairing.target_vocab_size
         # padded vocabularies may differ in width: propose only ids the target has
-        drafts, qs = drafter.propose(
-            k, lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
-            self.pairing.confidence, self.pairing.target_table.eos_ids, read)
+        return (lambda logits: params.probs(logits[:width]), params.greedy, state.generator,
+                self.pairing.confidence, self.pairing.target_table.eos_ids)
+
+    def finish(self, state, drafts: list[int], qs: list) -> Proposal:
         return Proposal(drafts, qs)
 
     def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:

@@ -13,27 +13,22 @@ import torch
 
 from ..bridge import UnspellableBytes
 from ..bridge.translate import continue_tokens, spellable
-from .pairing import Pairing
+from .pairing import DrafterMethod
 from .policy import room
-from .row import Row
 from .verify import Proposal, verify_exact
 
 
-class StringLevelExactMatch:
+class StringLevelExactMatch(DrafterMethod):
     name = "slem"
-    same_ids = False  # the drafter reads the committed text in its own tokens
 
-    def __init__(self, pairing: Pairing):
-        self.pairing = pairing
+    def draft_args(self, state) -> tuple:
+        params = state.params
+        return (params.probs, params.greedy, state.generator, self.pairing.confidence,
+                self.pairing.drafter_table.eos_ids)
 
-    def start(self, state) -> Row:
-        return self.pairing.start(state, self)
-
-    def propose(self, state, drafter, k: int, read: int) -> Proposal:
-        pairing, params = self.pairing, state.params
+    def finish(self, state, drafts: list[int], qs: list) -> Proposal:
+        pairing = self.pairing
         dtable, ttable = pairing.drafter_table, pairing.target_table
-        drafts, qs = drafter.propose(k, params.probs, params.greedy, state.generator,
-                                     pairing.confidence, dtable.eos_ids, read)
         ends = bool(drafts) and drafts[-1] in dtable.eos_ids
         with state.stats.timed("translate"):
             drafted = dtable.decode_bytes(drafts[:-1] if ends else drafts)

@@ -157,14 +157,11 @@ class StringLevelRejectionSampling(StringLevelExactMatch):
         self.target_trie = _trie(pairing.target_table)
         self.drafter_trie = _trie(pairing.drafter_table)
 
-    def propose(self, state, drafter, k: int, read: int) -> Proposal:
+    def finish(self, state, drafts: list[int], qs: list) -> Proposal:
         if state.params.greedy:
-            return super().propose(state, drafter, k, read)
-        pairing, params = self.pairing, state.params
-        drafts, qs = drafter.propose(k, params.probs, False, state.generator,
-                                     pairing.confidence, pairing.drafter_table.eos_ids, read)
+            return super().finish(state, drafts, qs)
         with state.stats.timed("translate"):
-            candidates = pairing.scorable(self._munch(drafts))[: room(state)]
+            candidates = self.pairing.scorable(self._munch(drafts))[: room(state)]
         return Proposal(candidates, qs, drafts)
 
     def verify(self, state, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int]:

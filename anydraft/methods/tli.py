@@ -13,17 +13,15 @@ import math
 import torch
 
 from ..errors import AnydraftError
-from .pairing import Pairing
-from .row import Row
+from .pairing import DrafterMethod, Pairing
 from .verify import Proposal, verify_exact, verify_rejection
 
 
-class TokenLevelIntersection:
+class TokenLevelIntersection(DrafterMethod):
     name = "tli"
-    same_ids = False
 
     def __init__(self, pairing: Pairing):
-        self.pairing = pairing
+        super().__init__(pairing)
         if self.map.size == 0:
             raise AnydraftError("these two tokenizers share no token: use method 'slem' or 'slrs'")
 
@@ -46,13 +44,12 @@ class TokenLevelIntersection:
 
         return to_probs
 
-    def start(self, state) -> Row:
-        return self.pairing.start(state, self)
+    def draft_args(self, state) -> tuple:
+        params = state.params
+        return (self._restricted(params), params.greedy, state.generator, self.pairing.confidence,
+                self.pairing.drafter_table.eos_ids)
 
-    def propose(self, state, drafter, k: int, read: int) -> Proposal:
-        pairing, params = self.pairing, state.params
-        drafts, qs = drafter.propose(k, self._restricted(params), params.greedy, state.generator,
-                                     pairing.confidence, pairing.drafter_table.eos_ids, read)
+    def finish(self, state, drafts: list[int], qs: list) -> Proposal:
         with state.stats.timed("translate"):
             candidates = [int(self.map.drafter_to_target[d]) for d in drafts]
         return Proposal(candidates, qs, drafts)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -44,6 +45,16 @@ class BatchSession(Protocol):
     def rollback(self, row: int, n: int) -> None: ...
 
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]: ...
+
+
+@dataclass
+class Rows:
+    """Where the generations of one batch run: rows of the target's `BatchSession`, and of the
+    drafter's where it batches too (None: each drafter on a session of its own), so that each
+    drafting pass of all rows is one drafter call (decoding/step.py)."""
+
+    target: BatchSession
+    drafter: BatchSession | None = None
 
 
 def full(max_rows: int) -> AnydraftError:

@@ -168,7 +168,7 @@ class Scheduler:
         from ..decoding import Batch
 
         def new_rows():  # a batch of one runs on a session of its own: `Decoder.generate`'s path
-            return decoder.target.new_batch(self.max_batch) if self.max_batch > 1 else None
+            return decoder.new_rows(self.max_batch) if self.max_batch > 1 else None
 
         rows, batch, jobs = new_rows(), Batch(), {}
         while True:

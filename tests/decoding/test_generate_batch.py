@@ -162,3 +162,22 @@ def test_read_budget_follows_the_cost_curve():
     # 1.5 x T(1) = 1.515 s holds 51 tokens: 47 beside the step's 4
     assert read_budget(lambda n: 1.0 + 0.01 * n, 4) == 47
     assert read_budget(lambda n: 0.2 + 0.02 * n, 4) == MIN_READ  # steep: the floor
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 7}])
+def test_the_drafters_of_a_batch_draft_in_one_call(decoders, sampling, monkeypatch):
+    """Each drafting pass of every row drafting is one call of the drafter's batch
+    (`step.draft_together`); each row drafts, and so decodes, exactly as alone."""
+    decoder = decoders["sd"]
+    calls: list[list[int]] = []
+
+    def new_batch(max_rows):
+        batch = Counting(decoder.drafter.new_session, max_rows)
+        batch.calls = calls
+        return batch
+
+    monkeypatch.setattr(decoder.drafter, "new_batch", new_batch)
+    outs = decoder.generate_batch(PROMPTS, 20, chat=False, **sampling)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == decoder.generate(prompt, 20, chat=False, **sampling).token_ids
+    assert calls[0] == [0, 1, 2, 3] and sum(len(c) == 4 for c in calls) >= 4  # k = 4: a pass each

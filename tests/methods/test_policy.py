@@ -399,6 +399,18 @@ def test_adding_rows_never_lengthens_drafts(t1, slope, d, a, overhead):
         before = ks
 
 
+def test_drafters_that_draft_together_cost_the_longest_draft():
+    """On a flat target curve with a drafter pass a fifth of a call, drafters one row after
+    another make eight rows stop drafting; drafting together (one pass for all rows,
+    `Bid.together`), they draft as one row alone does."""
+    from dataclasses import replace
+
+    c, acc = costs({1: 0.1, 9: 0.1}, 0.02), acceptance(0.8)
+    alone = allocate(bids(c, acc, 1))
+    assert alone[0] > 0 and sum(allocate(bids(c, acc, 8))) < 8 * alone[0]
+    assert allocate([replace(b, together=True) for b in bids(c, acc, 8)]) == alone * 8
+
+
 def test_fixed_rows_keep_their_drafts_and_fill_the_call():
     """A probe and an untimed drafter keep their k, and the row beside them drafts less than
     alone (5); so it does beside a plain row (no drafter, nothing measured)."""
