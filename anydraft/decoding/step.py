@@ -14,6 +14,13 @@ the call's cost, so their draft lengths are chosen together (`policy.allocate`, 
 row's own choice), and the call is added to the cost curve once, at its total tokens, by one
 row per pair. A row's other measurements are its own: its propose and verify time, and the
 shared call as the time it waited for it.
+
+Rows whose drafters are rows of one drafter batch draft together: each drafting pass of them
+all is one drafter call (`draft_together`), and `allocate` prices their drafts so.
+
+Sequences still reading their prompts (``joining``) read them inside the target calls, as
+much each step as `read_budget` allows: a call then costs little more than the step alone,
+and nobody waits for a call of a prompt's own (issue 21: p99 inter-token latency under load).
 """
 
 from __future__ import annotations
@@ -41,10 +48,11 @@ def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
     states = [row.state for row in rows]
     groups = calls(states)
     choices = _choose(rows, groups)
-    marks = [_mark(row) for row in rows]
+    marks = [_mark(row) for row in rows]  # a row drafting together starts with all of them
     drafts = draft_together(rows, choices)
     plans = []
-    for i, (row, choice, mark) in enumerate(zip(rows, choices, marks, strict=True)):  # propose
+    for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):  # propose
+        mark = marks[i] if i in drafts else _mark(row)
         if i in drafts:
             proposal = row.drafting.finish(row.state, *drafts[i])
         elif choice.proposer == "plain":
@@ -144,13 +152,18 @@ def _advance(row: Row, drafting, logits, out: dict, i: int):
 
 def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     """Each row's `Choice`: its own, then, for rows scored in one call (what one row drafts,
-    all wait for), cut to the call's joint draft lengths (`policy.allocate`)."""
+    all wait for), cut to the call's joint draft lengths (`policy.allocate`). Rows of one pair
+    share its estimates, so a probe falls due for all of them at once: one probe per call
+    re-measures the drafter, the others sit the step out."""
     choices = []
     for row in rows:
         match = row.copying.match(row.state.committed) if row.copying is not None else 0
         choices.append(row.policy.choose(row.state, row.drafter, match))
     for group in groups:
         if len(group) > 1:
+            probes = [i for i in group if choices[i].probe]
+            for i in probes[1:]:
+                choices[i] = choices[i].cut(0)
             ks = allocate([rows[i].policy.bid(choices[i], rows[i].state, rows[i].drafter) for i in group])
             for i, k in zip(group, ks, strict=True):
                 choices[i] = choices[i].cut(k)

@@ -53,7 +53,7 @@ def factory(decoder):
                 inner = None if name == "ar" else make(name, params)
                 return PromptLookup(draft.num_draft_tokens, True, inner, estimates)
         if name == "ar":
-            return Autoregressive()
+            return Autoregressive(estimates)
         if name == "lookup":
             return PromptLookup(draft.num_draft_tokens, draft.adaptive, None, estimates)
         if name == "sd" and not pairing.same_tokenizer:

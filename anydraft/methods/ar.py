@@ -9,5 +9,10 @@ from .row import Row
 class Autoregressive:
     name = "ar"
 
+    def __init__(self, estimates: Estimates | None = None):
+        # the decoder's: plain steps learn nothing, but a batch reads the target's cost curve
+        # in them (decoding/step.py `read_budget`)
+        self.estimates = estimates if estimates is not None else Estimates()
+
     def start(self, state) -> Row:
-        return Row(state, Policy(0, False, Estimates(), state.params.greedy))
+        return Row(state, Policy(0, False, self.estimates, state.params.greedy))

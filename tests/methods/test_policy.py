@@ -411,6 +411,32 @@ def test_drafters_that_draft_together_cost_the_longest_draft():
     assert allocate([replace(b, together=True) for b in bids(c, acc, 8)]) == alone * 8
 
 
+def test_one_probe_per_shared_call():
+    """Rows of one pair share its estimates, so a probe falls due for all at once: in one
+    call, the first row probes and the others sit the step out (their idle counts grow)."""
+    from types import SimpleNamespace
+
+    from anydraft.decoding.step import _choose
+    from anydraft.methods.row import Row
+
+    acc = acceptance(0.8)
+
+    class Probing:
+        estimates = SimpleNamespace(costs=Costs())
+
+        def choose(self, state, drafter, match):
+            return Choice("draft", 5, PROBE_READ, acc, True, probe=True)
+
+        def bid(self, choice, state, drafter):
+            return Bid(choice, self.estimates.costs, fixed=True)
+
+    rows = [Row(SimpleNamespace(committed=[1], pending=[1]), Probing()) for _ in range(3)]
+    first, *others = _choose(rows, [[0, 1, 2]])
+    assert first.probe and first.k == 5
+    assert all(c.k == 0 and not c.probe and acc in c.waited for c in others)
+    assert _choose(rows[:1], [[0]])[0].probe  # alone, it probes
+
+
 def test_fixed_rows_keep_their_drafts_and_fill_the_call():
     """A probe and an untimed drafter keep their k, and the row beside them drafts less than
     alone (5); so it does beside a plain row (no drafter, nothing measured)."""
