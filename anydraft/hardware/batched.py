@@ -223,12 +223,12 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_doctor_batch(args, progress) -> int:
+def doctor_batch(args, progress) -> dict:
+    """``doctor --batch``'s measurement (hardware/doctor.py prints or writes it)."""
     if not args.target:
         raise AnydraftError("doctor --batch measures a target's batched calls: pass --target NAME")
     if args.drafter:
-        raise AnydraftError("doctor --batch measures the target alone (drafters run one row at "
-                            "a time): drop --drafter")
+        raise AnydraftError("doctor --batch measures the target alone: drop --drafter")
     rows = parse_sizes(args.batch_sizes, "--batch-sizes")
     tokens = parse_sizes(args.batch_tokens, "--batch-tokens")
     context = CONTEXT if args.batch_context is None else args.batch_context
@@ -238,11 +238,4 @@ def cmd_doctor_batch(args, progress) -> int:
     data = report(args.target, args.target_backend, args.dtype, args.device, rows, tokens,
                   context, args.remeasure, progress)
     progress(f"batch: done in {time.perf_counter() - start:.0f} s")
-    if args.json is True:
-        print(json.dumps(data, indent=1))
-        return 0
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-    print(markdown(data))
-    return 0
+    return data

@@ -120,20 +120,22 @@ def cmd_doctor(args) -> int:
         print(message, file=sys.stderr)
 
     if args.batch:
-        from .batched import cmd_doctor_batch
+        from .batched import doctor_batch, markdown
 
-        return cmd_doctor_batch(args, progress)
-    if (args.dtype, args.target_backend) != ("auto", "auto"):
-        raise AnydraftError("--dtype and --target-backend choose the path `doctor --batch` measures; "
-                            "doctor alone measures every path: drop them or add --batch")
-    models = {spec: role for spec, role in ((args.target, "target"), (args.drafter, "drafter")) if spec}
-    data = report(models, args.device, None if args.json is True else progress,
-                  args.remeasure, args.compile, tuple(k for k in args.quantize.split(",") if k))
+        data, show = doctor_batch(args, progress), lambda data: print(markdown(data))
+    else:
+        if (args.dtype, args.target_backend) != ("auto", "auto"):
+            raise AnydraftError("--dtype and --target-backend choose the path `doctor --batch` "
+                                "measures; doctor alone measures every path: drop them or add --batch")
+        models = {spec: role for spec, role in ((args.target, "target"), (args.drafter, "drafter")) if spec}
+        data = report(models, args.device, None if args.json is True else progress,
+                      args.remeasure, args.compile, tuple(k for k in args.quantize.split(",") if k))
+        show = print_report
     if args.json is True:
         print(json.dumps(data, indent=1))
         return 0
     if args.json:
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)
-    print_report(data)
+    show(data)
     return 0
