@@ -92,7 +92,7 @@ class Drafter:
         feed = self.ids[len(self.session):]
         self.caught_up = len(feed) if k else 0
         if k and self.cancel is not None and len(feed) > PREFILL_CHUNK:
-            while len(feed) > PREFILL_CHUNK:  # all but the last token, a chunk at a time
+            while len(feed) > PREFILL_CHUNK:  # a chunk at a time; the rest with the first pass
                 if self.cancel():
                     k = self.caught_up = 0
                     break
