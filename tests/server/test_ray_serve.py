@@ -225,8 +225,13 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(ray_base, decod
         ray.kill(ray.get_actor(replica.to_full_id_str(), namespace="serve"), no_restart=True)
         for f in futures:
             f.result(timeout=120)  # every request ends: none hangs
-    failed = [r for r in results if "error" in r]
+    # Ray sends the victim's queued requests to the other replica, whose fair queue may turn
+    # some away (429 with Retry-After, as it would any load past one client's share): refused,
+    # for the client to retry, not lost
+    refused = [r for r in results if r.get("status") == 429 and r.get("replica") != victim]
+    failed = [r for r in results if "error" in r and r not in refused]
     ok = [r for r in results if "error" not in r]
+    assert len(refused) < len(results) // 2, refused
     assert failed, "killing a replica mid-stream failed no request"
     assert ok, f"no request survived the kill: {failed}"
     for r in ok:
@@ -236,7 +241,8 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(ray_base, decod
         assert r.get("replica") in (victim, None), r
         assert r["end"] - killed_at < 60, r
     # the requests on the other replica all completed
-    assert all("error" not in r for r in results if r.get("replica") not in (victim, None))
+    assert all("error" not in r for r in results
+               if r.get("replica") not in (victim, None) and r not in refused)
 
     # Ray starts a new replica in its place; then every request succeeds again
     deadline = time.monotonic() + 90
