@@ -43,15 +43,17 @@ def decoders(tok):
     }
 
 
-def counted(decoder, monkeypatch) -> list[list[int]]:
+def counted(decoder, monkeypatch, model=None) -> list[list[int]]:
+    """The rows of every call of ``model``'s batches (default: the target's)."""
+    model = decoder.target if model is None else model
     calls: list[list[int]] = []
 
     def new_batch(max_rows):
-        batch = Counting(decoder.target.new_session, max_rows)
+        batch = Counting(model.new_session, max_rows)
         batch.calls = calls
         return batch
 
-    monkeypatch.setattr(decoder.target, "new_batch", new_batch)
+    monkeypatch.setattr(model, "new_batch", new_batch)
     return calls
 
 
@@ -169,14 +171,7 @@ def test_the_drafters_of_a_batch_draft_in_one_call(decoders, sampling, monkeypat
     """Each drafting pass of every row drafting is one call of the drafter's batch
     (`step.draft_together`); each row drafts, and so decodes, exactly as alone."""
     decoder = decoders["sd"]
-    calls: list[list[int]] = []
-
-    def new_batch(max_rows):
-        batch = Counting(decoder.drafter.new_session, max_rows)
-        batch.calls = calls
-        return batch
-
-    monkeypatch.setattr(decoder.drafter, "new_batch", new_batch)
+    calls = counted(decoder, monkeypatch, decoder.drafter)
     outs = decoder.generate_batch(PROMPTS, 20, chat=False, **sampling)
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.token_ids == decoder.generate(prompt, 20, chat=False, **sampling).token_ids
