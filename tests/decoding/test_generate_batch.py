@@ -176,3 +176,31 @@ def test_the_drafters_of_a_batch_draft_in_one_call(decoders, sampling, monkeypat
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.token_ids == decoder.generate(prompt, 20, chat=False, **sampling).token_ids
     assert calls[0] == [0, 1, 2, 3] and sum(len(c) == 4 for c in calls) >= 4  # k = 4: a pass each
+
+
+def test_rows_drafting_together_are_measured_with_the_calls_backlog(decoders, monkeypatch):
+    """The first pass of a drafter batch reads every drafting row's backlog: each row's step is
+    measured as reading the call's whole backlog, so a row whose own backlog was one token does
+    not take the others' reading for the price of a pass (it priced drafting 5x too dear)."""
+    import anydraft.decoding.step as step_module
+    from anydraft.methods.policy import Policy
+
+    seen, observed = [], []
+    draft_together, observe = step_module.draft_together, Policy.observe
+
+    def spy(rows, choices):
+        drafts, reads = draft_together(rows, choices)
+        seen.append(({i: rows[i].drafter.caught_up for i in drafts}, reads))
+        return drafts, reads
+
+    def recording(policy, choice, step):
+        observed.append(step.read)
+        observe(policy, choice, step)
+
+    monkeypatch.setattr(step_module, "draft_together", spy)
+    monkeypatch.setattr(Policy, "observe", recording)
+    decoders["sd"].generate_batch(PROMPTS, 12, chat=False)
+    own, reads = seen[0]  # the first step: every drafter reads its prompt
+    assert len(own) == 4 and min(own.values()) < 10 < max(own.values())
+    assert reads == {i: 1 + sum(n - 1 for n in own.values()) for i in own}
+    assert observed[:4] == list(reads.values())
