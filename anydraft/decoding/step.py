@@ -30,7 +30,7 @@ import time
 import torch
 
 from ..hardware.profile import BATCH_LATENCY
-from ..methods.policy import Measured, allocate
+from ..methods.policy import PROBE_READ, Measured, allocate
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
 from ..models.session import PREFILL_CHUNK
@@ -160,7 +160,10 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     """Each row's `Choice`: its own, then, for rows scored in one call (what one row drafts,
     all wait for), cut to the call's joint draft lengths (`policy.allocate`). Rows of one pair
     share its estimates, so a probe falls due for all of them at once: one probe per call
-    re-measures the drafter, the others sit the step out."""
+    re-measures the drafter, the others sit the step out. Likewise rows that join together
+    would have their drafters read their prompts in one step, which every row waits for (the
+    longest step of a batch, and its p99 inter-token latency): one adaptive drafter a call
+    reads a backlog longer than `PROBE_READ`, the others decode plainly until their turn."""
     choices = []
     for row in rows:
         match = row.copying.match(row.state.committed) if row.copying is not None else 0
@@ -168,12 +171,22 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     for group in groups:
         if len(group) > 1:
             probes = [i for i in group if choices[i].probe]
-            for i in probes[1:]:
+            readers = [i for i in group if _reads_long(rows[i], choices[i])]
+            for i in probes[1:] + readers[1:]:
                 choices[i] = choices[i].cut(0)
             ks = allocate([rows[i].policy.bid(choices[i], rows[i].state, rows[i].drafter) for i in group])
             for i, k in zip(group, ks, strict=True):
                 choices[i] = choices[i].cut(k)
     return choices
+
+
+def _reads_long(row: Row, choice) -> bool:
+    """Whether ``choice`` has an adaptive row's drafter read more than `PROBE_READ` backlog
+    tokens (a prompt) before drafting."""
+    if not (choice.proposer == "draft" and choice.k and row.drafter is not None and row.policy.adaptive):
+        return False
+    behind = row.drafter.behind
+    return (min(behind, choice.read) if choice.read else behind) > PROBE_READ
 
 
 def read_budget(curve, tokens: int) -> int:

@@ -204,3 +204,31 @@ def test_rows_drafting_together_are_measured_with_the_calls_backlog(decoders, mo
     assert len(own) == 4 and min(own.values()) < 10 < max(own.values())
     assert reads == {i: 1 + sum(n - 1 for n in own.values()) for i in own}
     assert observed[:4] == list(reads.values())
+
+
+def test_one_drafter_a_call_reads_a_prompt(decoders, monkeypatch):
+    """Adaptive rows that join together do not all have their drafters read their prompts in
+    one step (every row would wait for all the reads): one a call does, in turn."""
+    import anydraft.decoding.step as step_module
+    from anydraft.methods.policy import PROBE_READ, Choice, Policy
+
+    prompts = ["the quick brown fox jumps over the lazy dog " * 2] * 2 + PROMPTS[1:3]
+    alone = [decoders["ar"].generate(prompt, 16, chat=False).token_ids for prompt in prompts]
+    # every row wants 2 drafts each step, whatever the timings say
+    monkeypatch.setattr(Policy, "choose", lambda self, state, drafter=None, match=0: Choice(
+        "draft", 2, 0, self.draft, True))
+    monkeypatch.setattr(step_module, "allocate", lambda bids: [bid.choice.k for bid in bids])
+    readers = []
+    choose = step_module._choose
+
+    def spy(rows, groups):
+        choices = choose(rows, groups)
+        readers.append([i for i, (row, c) in enumerate(zip(rows, choices, strict=True))
+                        if c.proposer == "draft" and c.k and row.drafter.behind > PROBE_READ])
+        return choices
+
+    monkeypatch.setattr(step_module, "_choose", spy)
+    outs = decoders["auto"].generate_batch(prompts, 16, chat=False)
+    assert [out.token_ids for out in outs] == alone
+    assert all(len(r) <= 1 for r in readers)
+    assert len({r[0] for r in readers if r}) >= 2  # several rows read their prompts, in turn
