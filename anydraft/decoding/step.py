@@ -162,8 +162,8 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     share its estimates, so a probe falls due for all of them at once: one probe per call
     re-measures the drafter, the others sit the step out. Likewise rows that join together
     would have their drafters read their prompts in one step, which every row waits for (the
-    longest step of a batch, and its p99 inter-token latency): one adaptive drafter a call
-    reads a backlog longer than `PROBE_READ`, the others decode plainly until their turn."""
+    longest step of a batch): one adaptive drafter a call reads its prompt (`_reads_long`), the
+    others decode plainly until their turn."""
     choices = []
     for row in rows:
         match = row.copying.match(row.state.committed) if row.copying is not None else 0
@@ -181,9 +181,11 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
 
 
 def _reads_long(row: Row, choice) -> bool:
-    """Whether ``choice`` has an adaptive row's drafter read more than `PROBE_READ` backlog
-    tokens (a prompt) before drafting."""
-    if not (choice.proposer == "draft" and choice.k and row.drafter is not None and row.policy.adaptive):
+    """Whether ``choice`` has an adaptive row's drafter read its prompt, more than `PROBE_READ`
+    tokens of it, before its first draft. Only then: later backlogs are what a row that sat
+    drafting out has committed since, and holding those back would keep it from drafting."""
+    if not (choice.proposer == "draft" and choice.k and row.drafter is not None and row.policy.adaptive
+            and not row.state.stats.drafter_calls):
         return False
     behind = row.drafter.behind
     return (min(behind, choice.read) if choice.read else behind) > PROBE_READ
