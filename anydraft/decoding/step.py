@@ -49,7 +49,7 @@ def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
     groups = calls(states)
     choices = _choose(rows, groups)
     marks = [_mark(row) for row in rows]  # a row drafting together starts with all of them
-    drafts, together = draft_together(rows, choices)
+    drafts, reads_together = draft_together(rows, choices)
     plans = []
     for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):  # propose
         mark = marks[i] if i in drafts else _mark(row)
@@ -84,8 +84,8 @@ def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
         state.stats.drafted += len(candidates)
         state.stats.rejected += n < len(candidates)
         wall = proposing + waited + time.perf_counter() - start  # its own work, and the wait
-        read, passes = together.get(i, (row.drafter.caught_up if row.drafter is not None else 0, ()))
-        row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, read, passes, *call))
+        read = reads_together.get(i, row.drafter.caught_up if row.drafter is not None else 0)
+        row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, read, *call))
         new = candidates[:n] + [token]
         row.proposed = choice.proposer
         if row.drafter is not None:
@@ -113,19 +113,17 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
     """The drafts of the rows that draft with drafters whose sessions are rows of one batch
     (`Decoder.new_rows`), two or more of them: each drafting pass of all of them is ONE call of
     that batch (`Drafter.drafting`, run in step), so the drafter's weights are read once a
-    pass, not once a row. Returns, per row index, ``(drafts, distributions)``, and ``(read,
-    passes)``: the backlog its first pass read, the whole call's, every row's backlog beyond
-    one token each (a row whose own backlog was one token still waited for the others'; timed
-    as a clean pass, it would price every later pass as a read), and the ``(rows, seconds)``
-    of each pass it took part in (a pass of four rows costs more than one of one: the policy
-    prices them apart, `Costs.pass_seconds`). Each row drafts exactly as alone (its own text,
+    pass, not once a row. Returns, per row index, ``(drafts, distributions)``, and the backlog
+    its first pass read: the whole call's, every row's backlog beyond one token each (a row
+    whose own backlog was one token still waited for the others'; timed as a clean pass, it
+    would price every later pass as a read). Each row drafts exactly as alone (its own text,
     sampling and generator); the calls' time counts as every taking part row's drafting time."""
     groups: dict[int, list[int]] = {}
     for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
         batch = getattr(row.drafter.session, "batch", None) if row.drafter is not None else None
         if choice.proposer == "draft" and choice.k and batch is not None:
             groups.setdefault(id(batch), []).append(i)
-    out, measured = {}, {}
+    out, reads = {}, {}
     for group in (g for g in groups.values() if len(g) > 1):
         batch = rows[group[0]].drafter.session.batch
         drafting, feeds = {}, {}
@@ -134,7 +132,7 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
             drafting[i] = row.drafter.drafting(choice.k, *row.drafting.draft_args(row.state), choice.read)
             feeds[i] = _advance(row, drafting[i], None, out, i)
         backlog = 1 + sum(max(0, rows[i].drafter.caught_up - 1) for i in group)
-        measured |= {i: (backlog if rows[i].drafter.caught_up else 0, []) for i in group}
+        reads |= {i: backlog for i in group if rows[i].drafter.caught_up}
         while any(ids is not None for ids in feeds.values()):
             feeds = {i: ids for i, ids in feeds.items() if ids is not None}
             start = time.perf_counter()
@@ -143,9 +141,8 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
             seconds = time.perf_counter() - start
             for i in feeds:
                 rows[i].state.stats.phase_seconds["draft"] += seconds
-                measured[i][1].append((len(feeds), seconds))
                 feeds[i] = _advance(rows[i], drafting[i], logits[rows[i].drafter.session.row][-1], out, i)
-    return out, {i: (read, tuple(passes)) for i, (read, passes) in measured.items()}
+    return out, reads
 
 
 def _advance(row: Row, drafting, logits, out: dict, i: int):
@@ -289,12 +286,12 @@ def _mark(row: Row) -> tuple:
 
 
 def _measured(row: Row, mark: tuple, wall: float, offered: int, accepted: int, read: int,
-              passes: tuple, call_tokens: int, records_call: bool) -> Measured:
+              call_tokens: int, records_call: bool) -> Measured:
     s = row.state.stats
     _, draft, target, calls, pending = mark
     return Measured(
         wall=wall, draft=s.phase_seconds["draft"] - draft,
         target=s.phase_seconds["target"] - target, calls=s.drafter_calls - calls,
         scored=pending + offered, offered=offered, accepted=accepted,
-        read=read, passes=passes,
+        read=read,
         call_tokens=call_tokens, records_call=records_call)

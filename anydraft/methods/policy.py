@@ -13,9 +13,7 @@ measurements:
   via Speculative Decoding", ICML 2023, eq. 1). One a per position: acceptance rises along a
   draft, and a single a measured on short drafts would undervalue long ones.
 - ``r``: target candidates per drafter token (a cross-vocabulary bridge re-tokenises).
-- ``d``: seconds per drafter forward pass of one row (a pass of several rows drafting in one
-  call is priced per row count: `Costs.pass_seconds`); ``o``: the rest of a step (translation,
-  verification).
+- ``d``: seconds per drafter forward pass; ``o``: the rest of a step (translation, verification).
 - ``T(n)``: the target's measured time to score n tokens in one call: a curve, not a constant
   (it is nearly flat on some machines and nearly linear on others), kept as one running mean
   per n with a straight line fitted through them. Where this machine measured the target's
@@ -39,9 +37,7 @@ the call's total tokens (so T(n) is the cost of n tokens over any rows), and `al
 the call out: each row's choice alone is the most it drafts, and drafts go, one row at a time,
 where they raise the batch's committed tokens per second. Where the curve is flat the rows
 draft as they would alone; where several rows already fill it (a linear curve) drafts shrink,
-towards plain batched decoding. Drafts may lengthen the shared step to at most
-`BATCH_LATENCY` (1.5) x the step a row of it would take alone (issue 21's latency goal). One
-row alone gets exactly its own choice.
+towards plain batched decoding. One row alone gets exactly its own choice.
 
 The draft length never changes what is sampled, only how fast (every method is lossless for
 any k), but with adaptive drafting a seeded sample depends on timing: use a fixed draft length
@@ -52,10 +48,6 @@ docs/adaptive-drafting.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-
-import numpy as np
-
-from ..hardware.profile import BATCH_LATENCY
 
 FORGET = 0.9  # weight kept by older steps per new observation: ~10 steps of memory
 FADE = 0.95  # weight kept by the drafter's estimates per step that does not run it
@@ -98,10 +90,7 @@ class Costs:
     """What a pair's steps cost (shared by every method and setting of one pair)."""
 
     target: dict = field(default_factory=dict)  # tokens scored in one call -> Mean seconds
-    draft: Mean = field(default_factory=Mean)  # seconds per drafter forward pass of one row
-    # rows of a drafter batch drafting in one call (2 or more) -> Mean seconds per pass
-    # (decoding/step.py `draft_together`); learned per run, not saved (learned.py)
-    together: dict = field(default_factory=dict)
+    draft: Mean = field(default_factory=Mean)  # seconds per drafter forward pass
     read: Mean = field(default_factory=Mean)  # drafter seconds per backlog token read, beyond a pass
     plain_overhead: Mean = field(default_factory=lambda: Mean(0.0))  # rest of a plain step
     # the target's cost curve as hardware/profile.py measured it on this machine (tokens ->
@@ -136,33 +125,11 @@ class Costs:
         curve = self.target_curve()
         return None if curve is None else curve(n)
 
-    def pass_seconds(self, rows: int = 1) -> float | None:
-        """Seconds per drafter pass of ``rows`` rows in one call: read linearly between the row
-        counts measured (one row: `draft`), flat past them (a batch size not seen yet costs what
-        the nearest one seen did); None before any pass was timed."""
-        seen = {r: m.value for r, m in self.together.items() if m.value is not None}
-        if self.draft.value is not None:
-            seen[1] = self.draft.value
-        if not seen:
-            return None
-        sizes = sorted(seen)
-        return float(np.interp(rows, sizes, [seen[r] for r in sizes]))
-
-    def add_passes(self, passes) -> None:
-        """One step's drafter passes, ``(rows, seconds)`` each: one observation per row count."""
-        by_rows: dict[int, list[float]] = {}
-        for rows, seconds in passes:
-            by_rows.setdefault(rows, []).append(seconds)
-        for rows, seconds in by_rows.items():
-            mean = self.draft if rows == 1 else self.together.setdefault(rows, Mean())
-            mean.add(sum(seconds) / len(seconds))
-
     def read_per_token(self) -> float | None:
         """Drafter seconds per backlog token read, beyond a pass (before any read: a share of a pass)."""
-        draft = self.pass_seconds()
-        if self.read.value is not None or draft is None:
+        if self.read.value is not None or self.draft.value is None:
             return self.read.value
-        return draft * FIRST_READ_SHARE
+        return self.draft.value * FIRST_READ_SHARE
 
     def read_seconds(self, tokens: int) -> float:
         """What reading ``tokens`` backlog tokens costs the drafter before it can draft."""
@@ -240,7 +207,7 @@ def best(max_k: int, costs: Costs, acc: Acceptance, free: bool = False, budget: 
     rate is None (and k = max_k) before anything is measured. ``free``: drafts cost no drafter
     pass (copies); ``backlog``: tokens the drafter reads before drafting."""
     curve = costs.target_curve()
-    draft = 0.0 if free else costs.pass_seconds()
+    draft = 0.0 if free else costs.draft.value
     if curve is None or draft is None:
         return max_k, None  # nothing measured yet: draft, and learn from it
     overhead = (costs.plain_overhead if free else acc.overhead).value
@@ -264,7 +231,7 @@ def probe_due(max_k: int, costs: Costs, acc: Acceptance, backlog: int, free: boo
     """Whether the steps without the proposer so far (each worth a plain step) have earned a
     probe: a full draft, after reading the last PROBE_READ of the ``backlog``, that wastes at
     most PROBE_SHARE of their time were none of its drafts kept."""
-    curve, draft = costs.target_curve(), (0.0 if free else costs.pass_seconds())
+    curve, draft = costs.target_curve(), (0.0 if free else costs.draft.value)
     if not acc.idle or curve is None or draft is None:
         return False
     plain = curve(1)
@@ -328,8 +295,6 @@ class Measured:
     offered: int  # candidates
     accepted: int
     read: int  # backlog tokens the drafter read with its first pass
-    # drafting together (decoding/step.py `draft_together`): each pass's (rows, seconds)
-    passes: tuple = ()
     # the target call's tokens over all the rows it scored (None: a call of this row alone)
     call_tokens: int | None = None
     records_call: bool = True  # this row adds the call to the cost curve (one row per call and pair)
@@ -436,16 +401,12 @@ class Policy:
             c.add_target(step.call_tokens or step.scored, step.target)
         rest = max(0.0, step.wall - step.draft - step.target)
         if step.calls:
-            # drafting together, each pass was timed with its rows; alone, passes of one row
-            passes = step.passes or ((1, step.draft / step.calls),) * step.calls
             if step.read <= FREE_READ:
-                c.add_passes(passes)
-            elif (first := c.pass_seconds(passes[0][0])) is not None:
+                c.draft.add(step.draft / step.calls)
+            elif c.draft.value is not None:
                 # the first pass also read the backlog: price what that added beyond a pass
                 # (a whole-pass share per token would price short reads dear)
-                added = passes[0][1] - first if step.passes else step.draft - step.calls * first
-                c.read.add(max(0.0, added) / step.read)
-                c.add_passes(step.passes[1:])
+                c.read.add(max(0.0, step.draft - step.calls * c.draft.value) / step.read)
             acc.overhead.add(rest)
             acc.ratio.add(step.offered / step.calls)
         else:
@@ -453,7 +414,7 @@ class Policy:
             # what the drafter costs and earns goes stale while it does not run (a load that
             # slowed it may have passed): the next probe's measurements then count for more
             stale = () if choice.proposer == "copy" else (acc.overhead, *acc.positions)
-            for mean in (c.draft, c.read, *c.together.values(), *stale):
+            for mean in (c.draft, c.read, *stale):
                 mean.fade()
         if step.offered:
             acc.add(step.offered, step.accepted)
@@ -485,7 +446,7 @@ def _terms(bid: Bid, k: int) -> tuple:
     choice, costs = bid.choice, bid.costs
     if choice.acc is None:  # no proposer: a plain step
         return 1.0, 0.0, costs.plain_overhead.value, 0.0, bid.pending
-    acc, draft = choice.acc, (0.0 if bid.free else costs.pass_seconds() or 0.0)
+    acc, draft = choice.acc, (0.0 if bid.free else costs.draft.value or 0.0)
     m = acc.ratio.value * k
     expected = acc.expected_tokens(m)
     if not k or bid.free:
@@ -496,18 +457,11 @@ def _terms(bid: Bid, k: int) -> tuple:
 
 def allocate(bids: list[Bid]) -> list[int]:
     """Joint draft lengths for the rows of one target call: the k's that raise the batch's
-    expected committed tokens per second, ``sum E_r / (sum k_r d + P + T(sum n_r) + sum o_r)``
-    with n_r the row's pending tokens and candidates, d a drafter pass of one row (drafters run
-    one after another) and P the passes of the drafters that draft together (`Bid.together`):
-    pass j is one call of the rows drafting j or more, priced at what a pass of that many rows
-    costs (`Costs.pass_seconds`). Such rows are also raised together: every one to at least m.
-
-    Latency: drafts may lengthen the step to at most `BATCH_LATENCY` x the longest step a row
-    of it would take alone with its own choice (or to what the step costs without them, where
-    that is longer already): issue 21 bounds the p99 inter-token latency under load by 1.5x
-    that of one request alone. Past it, drafts are cut one at a time, each time the one whose
-    loss leaves the best rate (the longest drafts' last candidates, which earn least). A row
-    alone is never held back.
+    expected committed tokens per second, ``sum E_r / (sum k_r d_r + T(sum n_r) + sum o_r)``
+    with n_r the row's pending tokens and candidates (drafters run one row after another;
+    drafters that draft together, `Bid.together`, cost the longest draft of them, ``max k_r
+    d_r``, with d_r what a pass of them all cost, and are also raised together: every one to
+    at least m drafts).
 
     Each row's own choice is the most it drafts (beside rows that fill the call too, a draft
     seldom buys more than alone; the cap keeps `room` and renting). From no drafts, the move
@@ -522,67 +476,44 @@ def allocate(bids: list[Bid]) -> list[int]:
     if curve is None:
         return ks
     options = []  # per row: k -> its terms, for each k it may take
+    joint = []  # per row: k -> its drafter seconds where it drafts together (else 0, summed)
     for i, bid in enumerate(bids):
-        timed = bid.free or bid.choice.acc is None or bid.costs.pass_seconds() is not None
+        timed = bid.free or bid.choice.acc is None or bid.costs.draft.value is not None
         ks_i = [ks[i]] if bid.fixed or not timed else range(ks[i] + 1)
         terms = {k: _terms(bid, k) for k in ks_i}
-        if bid.together:  # its drafter seconds are the passes', priced below
+        joint.append({k: t[1] if bid.together else 0.0 for k, t in terms.items()})
+        if bid.together:  # its drafter seconds count in the max, not the sum
             terms = {k: (t[0], 0.0, *t[2:]) for k, t in terms.items()}
         options.append(terms)
-    together = [i for i, bid in enumerate(bids) if bid.together]
-    price = [0.0] + [bids[together[0]].costs.pass_seconds(rows) or 0.0 for rows in range(1, len(together) + 1)] \
-        if together else [0.0]
+        ks[i] = min(ks_i)
 
-    def passes(ks) -> float:  # the together rows' passes: pass j drafts for the rows with k >= j
-        drafting = sorted((ks[i] for i in together if ks[i]), reverse=True)
-        return sum(price[rows] * (k - (drafting[rows] if rows < len(drafting) else 0))
-                   for rows, k in enumerate(drafting, 1))
+    def rate(totals, together):
+        expected, drafts, overheads, reads, tokens = totals
+        return expected / (drafts + together + curve(tokens) + overheads + reads)
 
-    def lone(bid: Bid) -> float:  # the row's step alone, with its own choice
-        _, drafts, overhead, _, tokens = _terms(bid, bid.choice.k)
-        return drafts + curve(tokens) + overhead
-
-    def totals(ks) -> tuple[float, float, float]:  # expected tokens, step seconds but reads, reads
-        expected, drafts, overheads, reads, tokens = (sum(x) for x in zip(
-            *(options[i][k] for i, k in enumerate(ks)), strict=True))
-        return expected, drafts + passes(ks) + curve(tokens) + overheads, reads
-
-    def rate(ks) -> float:
-        expected, seconds, reads = totals(ks)
-        return expected / (seconds + reads)
-
-    def best_of(moves, now, fits=lambda seconds: True):  # ties: the earlier row, the shorter draft
-        chosen = None
-        for move in moves:
-            trial = list(ks)
-            for i, k in move:
-                trial[i] = k
-            expected, seconds, reads = totals(trial)
-            if fits(seconds) and expected / (seconds + reads) > now:
-                now, chosen = expected / (seconds + reads), move
-        return chosen
-
-    ks = [min(o) for o in options]
-    limit = max(BATCH_LATENCY * max(lone(bid) for bid in bids), totals(ks)[1])
-    while move := best_of(_raises(ks, options, together), rate(ks)):
+    while True:
+        totals = [sum(x) for x in zip(*(options[i][k] for i, k in enumerate(ks)), strict=True)]
+        longest = sorted(((joint[i][k], i) for i, k in enumerate(ks)), reverse=True)[:2] + [(0.0, -1)]
+        now, move = rate(totals, longest[0][0]), None
+        for i, k in enumerate(ks):
+            others = longest[1][0] if longest[0][1] == i else longest[0][0]
+            for more, terms in options[i].items():
+                if more > k:
+                    r = rate([t - o + n for t, o, n in zip(totals, options[i][k], terms, strict=True)],
+                             max(others, joint[i][more]))
+                    if r > now:  # ties: the earlier row, the shorter draft
+                        now, move = r, [(i, more)]
+        # drafters that draft together also move together: one row's longer draft alone
+        # makes all wait, where every row's pays
+        for m in range(1, max((max(o) for o, b in zip(options, bids, strict=True) if b.together), default=0) + 1):
+            raised = [(i, max(k, min(m, max(options[i])))) for i, k in enumerate(ks) if bids[i].together]
+            if all(k in options[i] for i, k in raised) and any(k > ks[i] for i, k in raised):
+                after = dict(enumerate(ks)) | dict(raised)
+                chosen = [options[i][k] for i, k in after.items()]
+                r = rate([sum(x) for x in zip(*chosen, strict=True)], max(joint[i][k] for i, k in after.items()))
+                if r > now:
+                    now, move = r, raised
+        if move is None:
+            return ks
         for i, k in move:
             ks[i] = k
-    # past the latency limit: cut, one draft at a time, the one whose loss keeps the best rate
-    while (seconds := totals(ks)[1]) > limit:
-        cuts = [[(i, ks[i] - 1)] for i in range(len(ks)) if ks[i] - 1 in options[i]]
-        move = best_of(cuts, 0.0, lambda after: after < seconds)
-        if move is None:
-            break
-        ks[move[0][0]] -= 1
-    return ks
-
-
-def _raises(ks: list[int], options: list[dict], together: list[int]) -> list[list]:
-    """`allocate`'s moves from ``ks``: one row's k raised to any k it may take, and the rows
-    that draft together raised together, every one to at least m."""
-    moves = [[(i, more)] for i, k in enumerate(ks) for more in options[i] if more > k]
-    for m in range(1, max((max(options[i]) for i in together), default=0) + 1):
-        raised = [(i, max(ks[i], min(m, max(options[i])))) for i in together]
-        if all(k in options[i] for i, k in raised) and any(k > ks[i] for i, k in raised):
-            moves.append(raised)
-    return moves

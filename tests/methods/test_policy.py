@@ -411,49 +411,6 @@ def test_drafters_that_draft_together_cost_the_longest_draft():
     assert allocate([replace(b, together=True) for b in bids(c, acc, 8)]) == alone * 8
 
 
-def test_a_drafter_pass_is_priced_by_the_rows_it_drafts_for():
-    """Passes of several rows in one drafter call are learned per row count, apart from a pass
-    of one row (a lone row after a batch does not price its pass at four rows'); a row count
-    not seen yet is read between those seen, flat past them. Four rows whose pass costs four
-    of one draft less than rows whose pass costs one."""
-    from dataclasses import replace
-
-    c, acc = costs({1: 0.1, 9: 0.1}, 0.01), acceptance(0.8)
-    p = policy(c, acc)
-    p.observe(Choice("draft", 3, acc=acc, ran=True),
-              Measured(0.3, 0.1, 0.1, 3, 4, 3, 3, 0, passes=((4, 0.04), (4, 0.04), (2, 0.02))))
-    assert c.draft.value == 0.01  # the one-row price is untouched
-    assert c.pass_seconds(4) == pytest.approx(0.04) and c.pass_seconds(2) == pytest.approx(0.02)
-    assert c.pass_seconds(3) == pytest.approx(0.03) and c.pass_seconds(8) == pytest.approx(0.04)
-    cheap = costs({1: 0.1, 9: 0.1}, 0.01)
-    cheap.together[4] = Mean(0.01)
-    dear = [replace(b, together=True) for b in bids(c, acc, 4)]
-    assert sum(allocate(dear)) < sum(allocate([replace(b, costs=cheap) for b in dear])) == 20
-
-
-def test_a_shared_step_stays_within_the_latency_bound(monkeypatch):
-    """Drafts lengthen a shared step to at most BATCH_LATENCY x a row's step alone. Eight rows
-    drafting together on a target whose call costs 0.1 s + 4 ms a token would each draft 5
-    for a step 2x a lone row's; within the bound they draft less, evenly. A row alone keeps
-    its own choice."""
-    from dataclasses import replace
-
-    import anydraft.methods.policy as policy_module
-
-    c, acc = costs({1: 0.104, 9: 0.136}, 0.01), acceptance(0.9)
-
-    def step(ks):  # drafter passes of all rows at once, then one call of their tokens
-        return max(ks) * 0.01 + 0.1 + 0.004 * (len(ks) + sum(ks))
-
-    assert allocate(bids(c, acc, 1)) == [5]
-    rows = [replace(b, together=True) for b in bids(c, acc, 8)]
-    ks = allocate(rows)
-    assert 0 < step(ks) <= policy_module.BATCH_LATENCY * step([5]) + 1e-9 and max(ks) - min(ks) <= 1
-    monkeypatch.setattr(policy_module, "BATCH_LATENCY", 100.0)  # no bound
-    unbound = allocate(rows)
-    assert unbound == [5] * 8 and step(unbound) > 1.9 * step([5])
-
-
 def test_one_probe_per_shared_call():
     """Rows of one pair share its estimates, so a probe falls due for all at once: in one
     call, the first row probes and the others sit the step out (their idle counts grow)."""
