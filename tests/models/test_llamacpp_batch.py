@@ -103,6 +103,31 @@ def test_a_removed_rows_id_starts_empty(model):
 
 
 @pytest.mark.real
+def test_a_finished_batchs_context_serves_the_next_batch_of_its_shape(model):
+    """Creating a batch allocates its whole KV pool (0.5-4 s for SmolLM2's default one): the
+    next batch of as many rows and cells takes a finished batch's context, emptied, and scores
+    as a new one would, to the bit. One batch's context waits at a time (each holds rows x
+    cells of KV cache)."""
+    import llama_cpp
+
+    batch = new_batch(model, max_rows=2)
+    context, row = batch._context, batch.add_row()
+    want = batch.feed_rows({row: IDS[:6]}, {row: 6})[row]
+    other = batch.add_row()
+    batch.feed_rows({other: IDS[6:40]}, {other: 1})
+    del batch
+    again = new_batch(model, max_rows=2)
+    assert again._context is context and llama_cpp.llama_memory_seq_pos_max(context.memory, other) == -1
+    row = again.add_row()
+    torch.testing.assert_close(again.feed_rows({row: IDS[:6]}, {row: 6})[row], want, atol=0, rtol=0)
+    del again
+    other_shape = new_batch(model, max_rows=3)
+    assert other_shape._context is not context and context.ctx is not None
+    del other_shape
+    assert context.ctx is None and [rows for rows, _ in model._spare if rows > 1] == [3]
+
+
+@pytest.mark.real
 def test_a_batch_holds_max_rows(model):
     batch = new_batch(model, max_rows=2)
     assert [batch.add_row(), batch.add_row()] == [0, 1]
