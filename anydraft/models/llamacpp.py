@@ -130,7 +130,8 @@ class LlamaCppModel:
 
     def _release(self, context: _Context) -> None:
         """A finished session's or batch's context, emptied, waits for the next one of its
-        shape (creating one allocates the whole KV cache: 0.6-6 s for a batch of SmolLM2 on the Zen 3)."""
+        shape (creating one allocates the whole KV cache: 0.6-6 s for a batch of SmolLM2 on
+        the Zen 3)."""
         self._lib.llama_memory_clear(context.memory, True)
         if context.rows > 1:  # a batch's pool is large (rows x cells): the last one waits, alone
             for shape in [shape for shape in list(self._spare) if shape[0] > 1]:

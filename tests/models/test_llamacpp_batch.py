@@ -104,10 +104,10 @@ def test_a_removed_rows_id_starts_empty(model):
 
 @pytest.mark.real
 def test_a_finished_batchs_context_serves_the_next_batch_of_its_shape(model):
-    """Creating a batch allocates its whole KV pool (0.6-6 s for SmolLM2's default one on the Zen 3): the
-    next batch of as many rows and cells takes a finished batch's context, emptied, and scores
-    as a new one would, to the bit. One batch's context waits at a time (each holds rows x
-    cells of KV cache)."""
+    """Creating a batch allocates its whole KV pool (0.6-6 s for SmolLM2's default one on the
+    Zen 3): the next batch of as many rows and cells takes a finished batch's context, emptied,
+    and scores as a new one would, to the bit. One batch's context waits at a time (each holds
+    rows x cells of KV cache)."""
     import llama_cpp
 
     batch = new_batch(model, max_rows=2)
