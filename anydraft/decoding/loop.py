@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..hardware.profile import MIN_READ
 from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
 from ..sampling import SamplingParams
 from .stats import Stats
@@ -253,9 +254,11 @@ class Batch:
     one target call (`step.step`). A joining prompt is read at once while nothing else decodes;
     otherwise a part of it rides in each step's call (`step.read_budget`), so that it does not
     stall the others. A generation joins whenever it likes and leaves as soon as it finishes or
-    is cancelled; its target row is freed then."""
+    is cancelled; its target row is freed then. ``min_read``: the fewest prompt tokens a step
+    reads for joining generations (`step.read_budget`)."""
 
-    def __init__(self):
+    def __init__(self, min_read: int = MIN_READ):
+        self.min_read = min_read
         self.joining: list[Generation] = []
         self.active: list[Generation] = []
 
@@ -274,7 +277,7 @@ class Batch:
         news += [(g, True) for g in self.active if not g.ready()]
         self.active = [g for g in self.active if g.row is not None and not g.done]
         if self.active:
-            results = step([g.row for g in self.active], [g.state for g in self.joining])
+            results = step([g.row for g in self.active], [g.state for g in self.joining], self.min_read)
             for g, (new, n_accepted) in zip(self.active, results, strict=True):
                 g.absorb(new, n_accepted)
                 news.append((g, not g.ready()))  # finished: reported now, not a step later

@@ -29,22 +29,19 @@ import time
 
 import torch
 
-from ..hardware.profile import BATCH_LATENCY
+from ..hardware.profile import BATCH_LATENCY, MIN_READ
 from ..methods.policy import PROBE_READ, Measured, allocate
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
 from ..models.session import PREFILL_CHUNK
 
-# the fewest prompt tokens a call reads for joining sequences, however full it is: a
-# 256-token prompt joins within 16 steps
-MIN_READ = 16
 
-
-def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
+def step(rows: list[Row], joining: list = (), min_read: int = MIN_READ) -> list[tuple[list[int], int]]:
     """Run one step of every row; return each row's ``(committed tokens, accepted drafts)``:
     the first ``accepted`` tokens were candidates (of the proposer it sets as ``row.proposed``),
     the last is the target's own. ``joining``: `DecodeState`s still reading their prompts; the
-    calls read the next part of each (`_reads`), their logits unused."""
+    calls read the next part of each (`_reads`, at least ``min_read`` tokens a call), their
+    logits unused."""
     states = [row.state for row in rows]
     groups = calls(states)
     choices = _choose(rows, groups)
@@ -61,7 +58,7 @@ def step(rows: list[Row], joining: list = ()) -> list[tuple[list[int], int]]:
             proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
         plans.append((choice, mark, proposal, time.perf_counter() - mark[0]))
     proposed = [proposal.candidates for _, _, proposal, _ in plans]
-    reads = _reads(rows, proposed, groups, joining)
+    reads = _reads(rows, proposed, groups, joining, min_read)
     shared = _shared(rows, choices, proposed, groups, reads)
 
     start = time.perf_counter()
@@ -191,11 +188,13 @@ def _reads_long(row: Row, choice) -> bool:
     return (min(behind, choice.read) if choice.read else behind) > PROBE_READ
 
 
-def read_budget(curve, tokens: int) -> int:
+def read_budget(curve, tokens: int, min_read: int = MIN_READ) -> int:
     """Prompt tokens a call of ``tokens`` step tokens also reads for joining sequences: up to
     the size whose cost stays within `BATCH_LATENCY` of a one-token call (the latency bound
-    of ``--max-batch auto``), at least `MIN_READ`, at most a prompt chunk; a whole chunk where
-    the cost curve is unknown. ``curve``: tokens -> seconds (`Costs.target_curve`) or None."""
+    of ``--max-batch auto``), at least ``min_read`` (``anydraft serve --min-read``: fewer keep
+    the decoding rows' steps steadier where the curve is steep, more bring a prompt's first
+    token sooner), at most a prompt chunk; a whole chunk where the cost curve is unknown.
+    ``curve``: tokens -> seconds (`Costs.target_curve`) or None."""
     if curve is None:
         return PREFILL_CHUNK
     limit = BATCH_LATENCY * curve(1)
@@ -203,10 +202,11 @@ def read_budget(curve, tokens: int) -> int:
     while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if curve(tokens + mid) <= limit else (low, mid - 1)
-    return max(MIN_READ, low)
+    return max(min_read, low)
 
 
-def _reads(rows: list[Row], candidates: list, groups: list[list[int]], joining) -> list[list]:
+def _reads(rows: list[Row], candidates: list, groups: list[list[int]], joining,
+           min_read: int = MIN_READ) -> list[list]:
     """Per call (`calls`), the prompt tokens it reads for ``joining`` states whose targets are
     rows of its batch: [(state, ids)], the first joiners first, within `read_budget`; one more
     "call" (last, with no rows) for joiners of no call's batch, read alone."""
@@ -216,7 +216,7 @@ def _reads(rows: list[Row], candidates: list, groups: list[list[int]], joining) 
         batch = getattr(rows[group[0]].state.target, "batch", None)
         mine = [s for s in pending if batch is not None and getattr(s.target, "batch", None) is batch]
         tokens = sum(len(rows[i].state.pending) + len(candidates[i]) for i in group)
-        budget = read_budget(rows[group[0]].policy.estimates.costs.target_curve(), tokens)
+        budget = read_budget(rows[group[0]].policy.estimates.costs.target_curve(), tokens, min_read)
         reads = []
         for state in mine:
             if budget > 0:

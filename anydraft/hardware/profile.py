@@ -118,6 +118,10 @@ def rate(curve: dict[int, float]) -> float:
 # a batch may make each of its rows wait this much longer per step than a row alone
 BATCH_LATENCY = 1.5
 MAX_AUTO_BATCH = 16  # the most rows `--max-batch auto` gives a worker
+# the fewest prompt tokens a batch's call reads for joining sequences, however full it is
+# (decoding/step.py `read_budget`; `anydraft serve --min-read`): a 256-token prompt joins
+# within 16 steps
+MIN_READ = 16
 
 
 def max_batch(costs: dict[int, float], limit: int) -> int:

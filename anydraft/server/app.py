@@ -37,6 +37,7 @@ from starlette.requests import ClientDisconnect
 
 from ..config import override
 from ..errors import AnydraftError
+from ..hardware.profile import MIN_READ
 from ..sampling import SamplingParams
 from .cli import is_loopback
 from .metrics import Metrics
@@ -72,6 +73,7 @@ class ServerConfig:
     max_queue: int = 64
     max_queued_per_client: int | None = None  # None: scheduler.fair_share(max_queue)
     max_batch: int = 1  # generations each worker runs together (continuous batching)
+    min_read: int = MIN_READ  # the fewest prompt tokens a batch's step reads for joining requests
     max_body_bytes: int = 2 * 2**20
     body_timeout: float = 30.0  # seconds to receive a whole request body (slow uploads: 408)
     request_timeout: float | None = None  # wall-clock seconds per request, from its arrival
@@ -332,7 +334,8 @@ class Gate:
 
 def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     """The app serving ``decoders`` (one worker thread each; they should share one model)."""
-    scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client, config.max_batch)
+    scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client, config.max_batch,
+                          config.min_read)
     metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
     dec0 = decoders[0]
     ctx = dec0.target.context_window

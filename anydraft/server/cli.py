@@ -7,6 +7,7 @@ import ipaddress
 import os
 import sys
 
+from ..hardware.profile import MIN_READ
 from ..options import add_draft_options, add_model_options
 
 
@@ -28,6 +29,11 @@ def register(sub) -> None:
                         "whose call costs at most 1.5x one row's, from the target's measured "
                         "cost curve (1 where scoring more tokens costs proportionally more, and "
                         "with --max-concurrency above 1)")
+    s.add_argument("--min-read", type=int, default=MIN_READ, metavar="N",
+                   help="the fewest prompt tokens each batched step reads for a joining request "
+                        f"(default {MIN_READ}): fewer keep the other requests' inter-token latency "
+                        "steadier where scoring more tokens costs more (CPUs), more bring a "
+                        "joining request's first token sooner")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a worker; more get 429 with Retry-After")
     s.add_argument("--max-queued-per-client", type=int, default=None,
@@ -102,7 +108,7 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise AnydraftError(f"--port must be in 1..65535, got {args.port}")
     if args.max_body_bytes < 1024:
         raise AnydraftError("--max-body-bytes must be at least 1024")
-    for name in ("max_queued_per_client", "max_prompt_tokens", "max_connections"):
+    for name in ("max_queued_per_client", "max_prompt_tokens", "max_connections", "min_read"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise AnydraftError(f"--{name.replace('_', '-')} must be at least 1")
@@ -135,6 +141,7 @@ def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None,
     return ServerConfig(
         model_id=args.served_model_name or public_name(args.target), api_key=api_key,
         max_queue=args.max_queue, max_queued_per_client=args.max_queued_per_client, max_batch=max_batch,
+        min_read=args.min_read,
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
         request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
         trusted_proxies=_proxies(args),

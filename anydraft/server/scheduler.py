@@ -23,6 +23,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..hardware.profile import MIN_READ
+
 # a client may hold this fraction of the waiting room (at least one slot), so at least this
 # many clients can queue at once however hard one of them pushes
 FAIR_SHARES = 4
@@ -81,12 +83,12 @@ class Job:
 
 class Scheduler:
     def __init__(self, decoders: list, max_queue: int, max_per_client: int | None = None,
-                 max_batch: int = 1):
+                 max_batch: int = 1, min_read: int = MIN_READ):
         if not decoders:
             raise ValueError("need at least one decoder")
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
-        self.decoders, self.max_batch = decoders, max_batch
+        self.decoders, self.max_batch, self.min_read = decoders, max_batch, min_read
         self.rows = len(decoders) * max_batch  # generations that can run at once
         self.max_queue = max_queue
         self.max_per_client = fair_share(max_queue) if max_per_client is None else max_per_client
@@ -170,7 +172,7 @@ class Scheduler:
         def new_rows():  # a batch of one runs on a session of its own: `Decoder.generate`'s path
             return decoder.new_rows(self.max_batch) if self.max_batch > 1 else None
 
-        rows, batch, jobs = new_rows(), Batch(), {}
+        rows, batch, jobs = new_rows(), Batch(self.min_read), {}
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not batch:

@@ -8,7 +8,7 @@ import pytest
 
 from anydraft import Decoder
 from anydraft.errors import AnydraftError
-from anydraft.models.batch import SerialBatch
+from anydraft.models.batch import Rows, SerialBatch
 from tests.helpers import byte_tokenizer, tiny_llama
 
 PROMPTS = ["abc", "the quick brown fox jumps over the lazy dog " * 6, "def f(x):", "ab ab ab ab"]
@@ -143,7 +143,7 @@ def test_a_joining_prompt_rides_in_the_calls_of_the_rows_decoding(decoders, monk
             return super().feed_rows(feeds, rows)
 
     monkeypatch.setattr(decoder.target, "new_batch", lambda n: Sizes(decoder.target.new_session, n))
-    monkeypatch.setattr(step_module, "read_budget", lambda curve, tokens: 16)
+    monkeypatch.setattr(step_module, "read_budget", lambda curve, tokens, min_read: 16)
     outs = decoder.generate_batch(prompts, 30, chat=False, stop=[stop], max_batch=2)
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == decoder.generate(prompt, 30, chat=False, stop=[stop]).token_ids
@@ -164,6 +164,38 @@ def test_read_budget_follows_the_cost_curve():
     # 1.5 x T(1) = 1.515 s holds 51 tokens: 47 beside the step's 4
     assert read_budget(lambda n: 1.0 + 0.01 * n, 4) == 47
     assert read_budget(lambda n: 0.2 + 0.02 * n, 4) == MIN_READ  # steep: the floor
+    assert read_budget(lambda n: 0.2 + 0.02 * n, 4, min_read=4) == 4  # `anydraft serve --min-read`
+
+
+def test_a_batchs_min_read_reaches_every_step(decoders, monkeypatch):
+    """`Batch(min_read)` (the server's ``--min-read``) is the floor of every step's prompt
+    reads: a joining prompt beside a decoding row is read that many tokens a call on a steep
+    curve, and the outputs stay exact."""
+    from anydraft.decoding import Batch
+
+    decoder = decoders["ar"]
+    sizes: list[dict[int, int]] = []
+
+    class Sizes(SerialBatch):
+        def feed_rows(self, feeds, rows):
+            sizes.append({row: len(ids) for row, ids in feeds.items()})
+            return super().feed_rows(feeds, rows)
+
+    steep = {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)}  # every token costs a call: the floor
+    monkeypatch.setattr(decoder.estimates.costs, "profile", steep)
+    rows = Rows(Sizes(decoder.target.new_session, 2), None)
+    batch = Batch(min_read=5)
+    first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
+    batch.join(first)
+    batch.run_once()  # alone: its prompt is read at once, and it decodes
+    second = decoder.start(PROMPTS[2], 12, rows=rows, chat=False)
+    batch.join(second)
+    while batch:
+        batch.run_once()
+    reads = [s[second.state.target.row] for s in sizes if len(s) == 2 and s[second.state.target.row] > 1]
+    assert reads and all(n == 5 for n in reads[:-1]) and reads[-1] <= 5
+    for g, prompt in ((first, PROMPTS[0]), (second, PROMPTS[2])):
+        assert g.result()[1].token_ids == decoder.generate(prompt, 12, chat=False).token_ids
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 7}])

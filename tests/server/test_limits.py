@@ -93,11 +93,12 @@ def test_cli_passes_limits_and_safety_options(served):
     got = served("--max-connections", "7", "--request-timeout", "30", "--max-prompt-tokens",
                  "100", "--body-timeout", "5", "--max-queued-per-client", "3",
                  "--trusted-proxies", "10.0.0.0/8,127.0.0.1", "--allowed-hosts", "API.example,[::1]",
-                 "--cors-origins", "https://a.example")
+                 "--cors-origins", "https://a.example", "--min-read", "4")
     assert got["limit_concurrency"] == 7 and got["proxy_headers"] is False
     cfg = got["app"].state.config
     assert (cfg.request_timeout, cfg.max_prompt_tokens, cfg.body_timeout) == (30, 100, 5)
     assert got["app"].state.scheduler.max_per_client == 3
+    assert cfg.min_read == got["app"].state.scheduler.min_read == 4
     assert cfg.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"),
                                    ipaddress.ip_network("127.0.0.1/32"))
     assert cfg.allowed_hosts == ("api.example", "::1") and cfg.cors_origins == ("https://a.example",)
@@ -115,7 +116,7 @@ def test_cli_defaults(served):
 
 @pytest.mark.parametrize("flag,value", [("--max-connections", "0"), ("--request-timeout", "-1"),
                                         ("--body-timeout", "0"), ("--max-prompt-tokens", "0"),
-                                        ("--max-queued-per-client", "0"),
+                                        ("--max-queued-per-client", "0"), ("--min-read", "0"),
                                         ("--trusted-proxies", "not-an-ip")])
 def test_cli_rejects_bad_limits(flag, value, capsys):
     from anydraft.cli import main
