@@ -24,6 +24,18 @@ class Counting(SerialBatch):
         return super().feed_rows(feeds, rows)
 
 
+class Sizes(SerialBatch):
+    """A `SerialBatch` that records each call's tokens per row into ``sizes``."""
+
+    def __init__(self, sizes: list[dict[int, int]], *args):
+        super().__init__(*args)
+        self.sizes = sizes
+
+    def feed_rows(self, feeds, rows):
+        self.sizes.append({row: len(ids) for row, ids in feeds.items()})
+        return super().feed_rows(feeds, rows)
+
+
 @pytest.fixture(scope="module")
 def tok():
     return byte_tokenizer()
@@ -137,12 +149,7 @@ def test_a_joining_prompt_rides_in_the_calls_of_the_rows_decoding(decoders, monk
     stop = decoder.generate(prompts[0], 30, chat=False).text[2:5]
     sizes: list[dict[int, int]] = []
 
-    class Sizes(SerialBatch):
-        def feed_rows(self, feeds, rows):
-            sizes.append({row: len(ids) for row, ids in feeds.items()})
-            return super().feed_rows(feeds, rows)
-
-    monkeypatch.setattr(decoder.target, "new_batch", lambda n: Sizes(decoder.target.new_session, n))
+    monkeypatch.setattr(decoder.target, "new_batch", lambda n: Sizes(sizes, decoder.target.new_session, n))
     monkeypatch.setattr(step_module, "read_budget", lambda curve, tokens, min_read: 16)
     outs = decoder.generate_batch(prompts, 30, chat=False, stop=[stop], max_batch=2)
     for prompt, out in zip(prompts, outs, strict=True):
@@ -176,14 +183,9 @@ def test_a_batchs_min_read_reaches_every_step(decoders, monkeypatch):
     decoder = decoders["ar"]
     sizes: list[dict[int, int]] = []
 
-    class Sizes(SerialBatch):
-        def feed_rows(self, feeds, rows):
-            sizes.append({row: len(ids) for row, ids in feeds.items()})
-            return super().feed_rows(feeds, rows)
-
     steep = {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)}  # every token costs a call: the floor
     monkeypatch.setattr(decoder.estimates.costs, "profile", steep)
-    rows = Rows(Sizes(decoder.target.new_session, 2), None)
+    rows = Rows(Sizes(sizes, decoder.target.new_session, 2), None)
     batch = Batch(min_read=5)
     first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
     batch.join(first)
