@@ -206,7 +206,7 @@ def read_budget(curve, tokens: int, min_read: int = MIN_READ) -> int:
 
 
 def _reads(rows: list[Row], candidates: list, groups: list[list[int]], joining,
-           min_read: int = MIN_READ) -> list[list]:
+           min_read: int) -> list[list]:
     """Per call (`calls`), the prompt tokens it reads for ``joining`` states whose targets are
     rows of its batch: [(state, ids)], the first joiners first, within `read_budget`; one more
     "call" (last, with no rows) for joiners of no call's batch, read alone."""
