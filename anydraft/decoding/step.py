@@ -30,7 +30,7 @@ import time
 import torch
 
 from ..hardware.profile import BATCH_LATENCY, MIN_READ
-from ..methods.policy import PROBE_READ, Measured, allocate
+from ..methods.policy import PROBE_READ, Measured, allocate, read_size
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
 from ..models.session import PREFILL_CHUNK
@@ -157,32 +157,51 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     """Each row's `Choice`: its own, then, for rows scored in one call (what one row drafts,
     all wait for), cut to the call's joint draft lengths (`policy.allocate`). Rows of one pair
     share its estimates, so a probe falls due for all of them at once: one probe per call
-    re-measures the drafter, the others sit the step out. Likewise rows that join together
-    would have their drafters read their prompts in one step, which every row waits for (the
-    longest step of a batch): one adaptive drafter a call reads its prompt (`_reads_long`), the
-    others decode plainly until their turn."""
+    re-measures the drafter, the others sit the step out. Likewise for long drafter reads,
+    which every row of the call waits for (`_share_reads`)."""
     choices = []
     for row in rows:
         match = row.copying.match(row.state.committed) if row.copying is not None else 0
         choices.append(row.policy.choose(row.state, row.drafter, match))
     for group in groups:
         if len(group) > 1:
-            probes = [i for i in group if choices[i].probe]
-            readers = [i for i in group if _reads_long(rows[i], choices[i])]
-            for i in probes[1:] + readers[1:]:
+            for i in [i for i in group if choices[i].probe][1:]:
                 choices[i] = choices[i].cut(0)
+            _share_reads(rows, choices, group)
             ks = allocate([rows[i].policy.bid(choices[i], rows[i].state, rows[i].drafter) for i in group])
             for i, k in zip(group, ks, strict=True):
                 choices[i] = choices[i].cut(k)
     return choices
 
 
+def _share_reads(rows: list[Row], choices: list, group: list[int]) -> None:
+    """Keep the drafter reads of one call's rows (every row waits for all of them) to about
+    what one row's read costs alone. Rows that join together would have their drafters read
+    their prompts in one step (the longest step of a batch): one adaptive drafter a call
+    reads its prompt, the others decode plainly until their turn. Later backlogs are what a
+    row that sat drafting out committed meanwhile, and rows of one pair resume together, each
+    with one: holding those back kept rows from drafting, so they are cut short instead, the
+    readers together reading one read's worth (`read_size`, one plain step), each at least
+    `PROBE_READ` tokens. Five drafters of six rows that resumed together, each reading its
+    ~50 tokens, made a 2.9 s step where the median was 0.64 s (docs/benchmarks-history.md)."""
+    long = [i for i in group if _reads_long(rows[i], choices[i])]
+    first = [i for i in long if not rows[i].state.stats.drafter_calls]
+    for i in first[1:]:
+        choices[i] = choices[i].cut(0)
+    readers = [i for i in long if i not in first[1:]]
+    if len(readers) < 2:
+        return
+    policy = rows[readers[0]].policy
+    share = read_size(policy.estimates.costs, policy.context) // len(readers)
+    for i in readers:
+        if share:  # 0: reading was never timed (or is free): whole reads
+            choices[i] = choices[i].reading(max(PROBE_READ, share))
+
+
 def _reads_long(row: Row, choice) -> bool:
-    """Whether ``choice`` has an adaptive row's drafter read its prompt, more than `PROBE_READ`
-    tokens of it, before its first draft. Only then: later backlogs are what a row that sat
-    drafting out has committed since, and holding those back would keep it from drafting."""
-    if not (choice.proposer == "draft" and choice.k and row.drafter is not None and row.policy.adaptive
-            and not row.state.stats.drafter_calls):
+    """Whether ``choice`` has an adaptive row's drafter read more than `PROBE_READ` tokens of
+    its backlog before drafting."""
+    if not (choice.proposer == "draft" and choice.k and row.drafter is not None and row.policy.adaptive):
         return False
     behind = row.drafter.behind
     return (min(behind, choice.read) if choice.read else behind) > PROBE_READ

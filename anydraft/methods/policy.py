@@ -282,6 +282,10 @@ class Choice:
             return replace(self, k=k)
         return Choice(self.proposer, 0, 0, self.acc, False, (*self.waited, self.acc))
 
+    def reading(self, read: int) -> Choice:
+        """This step with the drafter reading at most the last ``read`` tokens of its backlog."""
+        return replace(self, read=min(self.read, read) if self.read else read)
+
 
 @dataclass
 class Measured:
