@@ -347,17 +347,38 @@ def aggregate(rows: list[dict], wall: float) -> dict:
     return out
 
 
+def full_batch(rows: list[dict], batch: int) -> tuple[float | None, float]:
+    """``(tokens/s, seconds)`` while at least ``batch`` requests were decoding at once (each
+    from its first token to its end; the tokens after its first spread evenly over that
+    time): the rate of a server that load keeps full, which is what the cost curve bounds
+    (`batch_gain`). A closed-loop level also ramps up (every prompt read at once) and drains
+    (the last requests decode with fewer rows), and its whole-level rate mixes those in."""
+    spans = [(r["start"] + r["ttft"], r["start"] + r["latency"], r["completion_tokens"] - 1)
+             for r in rows if r["error"] is None and r["ttft"] is not None and r["latency"] > r["ttft"]]
+    points = sorted({t for a, b, _ in spans for t in (a, b)})
+    seconds = tokens = 0.0
+    for lo, hi in zip(points, points[1:], strict=False):
+        live = [(a, b, n) for a, b, n in spans if a <= lo and hi <= b]
+        if len(live) >= batch:
+            seconds += hi - lo
+            tokens += sum(n * (hi - lo) / (b - a) for a, b, n in live)
+    return (tokens / seconds if seconds else None), seconds
+
+
 def add_ratios(levels: list[dict], baseline: str, configs: list[dict]) -> None:
     """``throughput_vs_baseline``: throughput / the baseline's at the same concurrency;
-    ``vs_c1``: / the same configuration's at concurrency 1; ``curve_allows``: what the
-    target's cost curve allows that ratio to be (`batch_gain`)."""
+    ``vs_c1``: / the same configuration's at concurrency 1, and ``full_batch_vs_c1`` so for
+    the full-batch rate (`full_batch`); ``curve_allows``: what the target's cost curve allows
+    that ratio to be (`batch_gain`)."""
     base = {lv["concurrency"]: lv["throughput"] for lv in levels if lv["config"] == baseline}
-    alone = {lv["config"]: lv["throughput"] for lv in levels if lv["concurrency"] == 1}
+    alone = {lv["config"]: lv for lv in levels if lv["concurrency"] == 1}
     by_label = {c["label"]: c for c in configs}
     for lv in levels:
-        b, one, tput = base.get(lv["concurrency"]), alone.get(lv["config"]), lv["throughput"]
+        b, tput = base.get(lv["concurrency"]), lv["throughput"]
+        one = alone.get(lv["config"], {})
         lv["throughput_vs_baseline"] = tput / b if b and tput is not None else None
-        lv["vs_c1"] = tput / one if one and tput is not None else None
+        for key, ratio in (("throughput", "vs_c1"), ("full_batch", "full_batch_vs_c1")):
+            lv[ratio] = lv[key] / one[key] if one.get(key) and lv.get(key) is not None else None
         config = by_label.get(lv["config"], {})
         lv["curve_allows"] = batch_gain(config.get("cost_curve"), lv["concurrency"],
                                         config.get("max_batch"))
@@ -406,7 +427,8 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
     ]
     head = ["config", "c", "requests", "errors", "tok/s", f"vs {s['baseline']}",
             "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "TPOT p50 ms",
-            "TPOT p99 ms", "tokens / target call", "vs c=1", "curve allows"]
+            "TPOT p99 ms", "tokens / target call", "vs c=1", "full batch tok/s (s)",
+            "full batch vs c=1", "curve allows"]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for lv in levels:
         ratio, tpc = lv["throughput_vs_baseline"], lv["tokens_per_target_call"]
@@ -416,7 +438,9 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
                  "–" if ratio is None else f"{ratio:.2f}x",
                  *(_ms(lv[f"{k}_{p}"]) for k in ("ttft", "itl", "tpot") for p in ("p50", "p99")),
                  "–" if tpc is None else f"{tpc:.2f}",
-                 *("–" if lv.get(k) is None else f"{lv[k]:.2f}x" for k in ("vs_c1", "curve_allows"))]
+                 "–" if lv.get("vs_c1") is None else f"{lv['vs_c1']:.2f}x",
+                 "–" if lv.get("full_batch") is None else f"{lv['full_batch']:.1f} ({lv['full_batch_seconds']:.0f})",
+                 *("–" if lv.get(k) is None else f"{lv[k]:.2f}x" for k in ("full_batch_vs_c1", "curve_allows"))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",
@@ -439,9 +463,13 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
         "TPOT: (end - TTFT) / (tokens - 1) per request.",
         "- tokens / target call: completion tokens / the target's forward passes, from the "
         "`anydraft` statistics each stream ends with (1.00 when decoding plainly).",
-        "- vs c=1: throughput / the same configuration's at c = 1. curve allows: what the "
-        "target's measured cost curve (The servers) allows that to be for plain decoding, B / v(B) "
-        "with B = min(c, max_batch) rows and v(B) = T(B) / T(1), prompt reads left out.",
+        "- vs c=1: throughput / the same configuration's at c = 1. full batch: tokens/s while "
+        "B = min(c, max_batch) requests were decoding at once (past their first token; each "
+        "request's tokens spread evenly over its decoding), and for how many seconds: the rate "
+        "the server keeps under that load without end, which the whole level's mixes with its "
+        "ramp-up and drain; vs c=1 likewise. curve allows: what the target's measured cost "
+        "curve (The servers) allows that to be for plain decoding, B / v(B) with v(B) = "
+        "T(B) / T(1), prompt reads left out.",
         "",
     ]
     path = out / "summary.md"
@@ -522,6 +550,8 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
                     requests.append({"config": config.label, "concurrency": c, "index": i,
                                      "prompt_id": p["id"], **r})
                 level = {"config": config.label, "concurrency": c, **aggregate(rows, wall)}
+                level["full_batch"], level["full_batch_seconds"] = full_batch(
+                    rows, min(c, servers[-1]["max_batch"] or c))
                 levels.append(level)
                 bad = [r["error"] for r in rows if r["error"]]
                 bar.note(f"[{config.label}] c={c}: {level['throughput'] or 0:.1f} tok/s, p99 ITL "

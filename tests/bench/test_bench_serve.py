@@ -58,6 +58,9 @@ def test_bench_serve_end_to_end(model_dir, dataset, tmp_path, monkeypatch, capsy
         assert lv["throughput_vs_baseline"] > 0
     assert all(lv["throughput_vs_baseline"] == 1 for lv in data["levels"] if lv["config"] == "plain")
     assert all(lv["vs_c1"] == 1 for lv in data["levels"] if lv["concurrency"] == 1)
+    # one client: the rate while its one request decodes (none idle between them)
+    assert all(lv["full_batch"] > 0 and lv["full_batch_seconds"] > 0 and lv["full_batch_vs_c1"] == 1
+               for lv in data["levels"] if lv["concurrency"] == 1)
     assert all(isinstance(c["max_batch"], int) and isinstance(c["cost_curve"], dict) for c in configs.values())
     by_config = {lv["config"]: lv for lv in data["levels"] if lv["concurrency"] == 1}
     assert by_config["plain"]["tokens_per_target_call"] == pytest.approx(1.0)
@@ -130,3 +133,22 @@ def test_batch_gain_reads_the_cost_curve():
     assert batch_gain(steep, 8, 8) == pytest.approx(1.0)  # B tokens cost B calls: no gain
     assert batch_gain({"1": 0.1, "5": 0.2}, 3, 4) == pytest.approx(3 / 1.5)  # interpolated
     assert batch_gain({}, 4, 4) is None and batch_gain(flat, 4, None) is None
+
+
+def test_full_batch_counts_only_the_time_the_batch_was_full():
+    """Three requests, two rows at most: A decodes 1-11 s (21 tokens: 2/s after its first),
+    B 2-6 s (9: 2/s), C, queued behind B, 6-8 s (5: 2/s). Two decode at once during 2-8 s,
+    4 tokens/s, where the whole level, with its prompt reads and drain, has 35 tokens in 11 s;
+    a failed request and one that ended at its first token count in neither."""
+    from anydraft.bench.serve import full_batch
+
+    def row(start, ttft, end, tokens, error=None):
+        return {"start": start, "ttft": ttft, "latency": end - start, "completion_tokens": tokens,
+                "error": error}
+
+    rows = [row(0, 1, 11, 21), row(0, 2, 6, 9), row(1, 5, 8, 5), row(0, 1, 9, 30, "HTTP 500"),
+            row(0, 3, 3, 1)]
+    assert full_batch(rows, 2) == pytest.approx((4.0, 6.0))
+    assert full_batch(rows, 1) == pytest.approx((32 / 10, 10.0))  # 1-11 s, after each first token
+    assert full_batch(rows, 3) == (None, 0.0)  # never three at once
+    assert full_batch([], 1) == (None, 0.0)
