@@ -175,27 +175,24 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
 
 
 def _share_reads(rows: list[Row], choices: list, group: list[int]) -> None:
-    """Keep the drafter reads of one call's rows (every row waits for all of them) to about
-    what one row's read costs alone. Rows that join together would have their drafters read
-    their prompts in one step (the longest step of a batch): one adaptive drafter a call
-    reads its prompt, the others decode plainly until their turn. Later backlogs are what a
-    row that sat drafting out committed meanwhile, and rows of one pair resume together, each
-    with one: holding those back kept rows from drafting, so they are cut short instead, the
-    readers together reading one read's worth (`read_size`, one plain step), each at least
-    `PROBE_READ` tokens. Five drafters of six rows that resumed together, each reading its
-    ~50 tokens, made a 2.9 s step where the median was 0.64 s (docs/benchmarks-history.md)."""
-    long = [i for i in group if _reads_long(rows[i], choices[i])]
-    first = [i for i in long if not rows[i].state.stats.drafter_calls]
-    for i in first[1:]:
-        choices[i] = choices[i].cut(0)
-    readers = [i for i in long if i not in first[1:]]
+    """Keep the long drafter reads of one call's rows, which every row of it waits for, to
+    about what one costs alone. Rows of one pair decide alike, so their drafters start (the
+    prompt) or resume (what was committed while they sat drafting out) in the same step:
+    four reading their prompts, or five resuming with ~50 tokens each (2.9 s where the median
+    was 0.64 s), made a batch's longest steps (docs/benchmarks-history.md).
+    The readers share one read's worth (`read_size`, what one plain step costs), each the last
+    ``max(PROBE_READ, its share)`` tokens of its backlog; where every read is whole (drafter
+    context 0), one drafter a call reads and the others decode plainly until their turn."""
+    readers = [i for i in group if _reads_long(rows[i], choices[i])]
     if len(readers) < 2:
         return
     policy = rows[readers[0]].policy
     share = read_size(policy.estimates.costs, policy.context) // len(readers)
     for i in readers:
-        if share:  # 0: reading was never timed (or is free): whole reads
+        if share:
             choices[i] = choices[i].reading(max(PROBE_READ, share))
+        elif i != readers[0]:
+            choices[i] = choices[i].cut(0)
 
 
 def _reads_long(row: Row, choice) -> bool:

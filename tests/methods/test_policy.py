@@ -437,29 +437,29 @@ def test_one_probe_per_shared_call():
     assert _choose(rows[:1], [[0]])[0].probe  # alone, it probes
 
 
-@pytest.mark.parametrize("drafted, want", [
-    ((1, 1), [22, 22]),  # two drafters that sat drafting out resume, reading half each
-    ((1, 1, 1, 1), [16, 16, 16, 16]),  # a quarter (11) is less than a probe reads
-    ((0, 0, 1), [22, 0, 22]),  # a prompt read waits its turn; the first shares with the resumer
-    ((1,), [45]),  # alone: all it would read
+@pytest.mark.parametrize("rows, context, reads, drafting", [
+    (2, 64, [22, 22], 2),  # half each
+    (4, 64, [16] * 4, 4),  # a quarter (11) is less than a probe reads
+    (1, 64, [45], 1),  # alone: all it would read
+    (3, 0, [0, 0, 0], 1),  # whole reads (context 0): one a call, the others decode plainly
 ])
-def test_long_drafter_reads_of_one_call_share_one_reads_worth(drafted, want):
+def test_long_drafter_reads_of_one_call_share_one_reads_worth(rows, context, reads, drafting):
     """Every row of a call waits for all its drafters' reads: rows whose drafters are 100
     tokens behind read, together, the 45 tokens one plain step costs to read (0.09 s at 2 ms a
-    token), each at least PROBE_READ; of those reading their prompts (never drafted yet) one a
-    call does, the others decode plainly (k 0) until their turn."""
+    token), each at least PROBE_READ (``reads``: the last tokens each reads, 0 all). Whether a
+    drafter reads its prompt or what was committed while it sat drafting out is all one."""
     from anydraft.decoding.step import _choose
     from anydraft.methods.row import Row
 
     c = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002)
-    rows = []
-    for calls in drafted:
+    batch = []
+    for i in range(rows):
         state = FakeState(budget=2000)
-        state.stats.new_tokens, state.stats.drafter_calls, state.pending = 50, calls, [1]
-        rows.append(Row(state, policy(c, acceptance(0.9), context=64), drafter=FakeDrafter(behind=100)))
-    choices = _choose(rows, [list(range(len(rows)))])
-    assert [choice.read for choice in choices] == want
-    assert [choice.k > 0 for choice in choices] == [read > 0 for read in want]
+        state.stats.new_tokens, state.stats.drafter_calls, state.pending = 50, i % 2, [1]
+        batch.append(Row(state, policy(c, acceptance(0.9), context=context), drafter=FakeDrafter(behind=100)))
+    choices = _choose(batch, [list(range(rows))])
+    assert [choice.read for choice in choices] == reads
+    assert [choice.k > 0 for choice in choices] == [i < drafting for i in range(rows)]
 
 
 def test_fixed_rows_keep_their_drafts_and_fill_the_call():
