@@ -404,6 +404,10 @@ def _ms(v) -> str:
     return "–" if v is None else f"{v * 1000:.1f}"
 
 
+def _times(v) -> str:
+    return "–" if v is None else f"{v:.2f}x"
+
+
 def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -> Path:
     s, m = meta["settings"], meta["machine"]
     mode = (f"Poisson arrivals at {s['rate']:g} requests/s, at most c in flight" if s["rate"]
@@ -435,12 +439,12 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
         cells = [lv["config"], str(lv["concurrency"]), str(lv["requests"]),
                  f"**{lv['errors']}**" if lv["errors"] else "0",
                  "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
-                 "–" if ratio is None else f"{ratio:.2f}x",
+                 _times(ratio),
                  *(_ms(lv[f"{k}_{p}"]) for k in ("ttft", "itl", "tpot") for p in ("p50", "p99")),
                  "–" if tpc is None else f"{tpc:.2f}",
-                 "–" if lv.get("vs_c1") is None else f"{lv['vs_c1']:.2f}x",
+                 _times(lv.get("vs_c1")),
                  "–" if lv.get("full_batch") is None else f"{lv['full_batch']:.1f} ({lv['full_batch_seconds']:.0f})",
-                 *("–" if lv.get(k) is None else f"{lv[k]:.2f}x" for k in ("full_batch_vs_c1", "curve_allows"))]
+                 _times(lv.get("full_batch_vs_c1")), _times(lv.get("curve_allows"))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",

@@ -188,11 +188,12 @@ def _share_reads(rows: list[Row], choices: list, group: list[int]) -> None:
         return
     policy = rows[readers[0]].policy
     share = read_size(policy.estimates.costs, policy.context) // len(readers)
-    for i in readers:
-        if share:
-            choices[i] = choices[i].reading(max(PROBE_READ, share))
-        elif i != readers[0]:
+    if not share:  # whole reads: one a call, the others wait their turn
+        for i in readers[1:]:
             choices[i] = choices[i].cut(0)
+        return
+    for i in readers:
+        choices[i] = choices[i].reading(max(PROBE_READ, share))
 
 
 def _reads_long(row: Row, choice) -> bool:
