@@ -109,13 +109,15 @@ def summarize(calls: dict[tuple[int, int], float], curve: dict[int, float], batc
                      "batch_ms": round(seconds * 1e3, 2), "curve_ms": round(one * 1e3, 2),
                      "ratio": round(seconds / one, 3), "extrapolated": b * q > max(curve)})
     single = {b: s for (b, q), s in calls.items() if q == 1}
+    from_curve = profile.max_batch(curve, limit) if batches else 1
     return {
         "calls": rows,
         "max_batch_auto": {
             "from_batch": profile.max_batch(single, max(single)),
             "batch_limit": max(single),
-            "from_curve": profile.max_batch(curve, limit) if batches else 1,
+            "from_curve": from_curve,
             "curve_limit": limit,
+            "curve_slowdown": round(cost_at(curve, from_curve) / curve[1], 2),
             "reference_ms": {"batch": round(single[1] * 1e3, 2), "curve": round(curve[1] * 1e3, 2)},
         },
     }
@@ -215,11 +217,12 @@ def markdown(data: dict) -> str:
                      "models/batch.py), so `--max-batch auto` keeps 1")
     auto = data["max_batch_auto"]
     lines.append(
-        f"\n--max-batch auto (the most rows whose B x 1 call costs <= {profile.BATCH_LATENCY} x a "
-        f"1 x 1 call): {auto['from_batch']} from the batched calls (1 x 1: "
+        f"\n--max-batch auto (the rows B whose B x 1 call, costing T(B), gives the most B / T(B)^2: "
+        f"throughput per unit of step latency): {auto['from_batch']} from the batched calls (1 x 1: "
         f"{auto['reference_ms']['batch']:.1f} ms; measured up to B = {auto['batch_limit']}), "
         f"{auto['from_curve']} from the one-sequence curve (T(1): {auto['reference_ms']['curve']:.1f} ms; "
-        f"up to {auto['curve_limit']}: what `anydraft serve` chooses)")
+        f"up to {auto['curve_limit']}: what `anydraft serve` chooses; each row's step "
+        f"{auto['curve_slowdown']:.2f}x a lone row's there; a smaller --max-batch bounds that)")
     return "\n".join(lines)
 
 

@@ -115,7 +115,8 @@ def rate(curve: dict[int, float]) -> float:
     return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
 
 
-# a batch may make each of its rows wait this much longer per step than a row alone
+# a joining prompt's read may make the decoding rows' call cost this much more than a one-token call
+# (decoding/step.py `read_budget`)
 BATCH_LATENCY = 1.5
 MAX_AUTO_BATCH = 16  # the most rows `--max-batch auto` gives a worker
 # the fewest prompt tokens a batch's call reads for joining sequences, however full it is
@@ -125,16 +126,21 @@ MIN_READ = 16
 
 
 def max_batch(costs: dict[int, float], limit: int) -> int:
-    """The rule of ``--max-batch auto`` (server/workers.py `choose_max_batch`): the most rows
-    B <= ``limit`` whose call of B rows x 1 token costs at most `BATCH_LATENCY` x a call of one,
-    so batching raises throughput by up to B / 1.5 while each row's step slows by at most 1.5x.
-    ``costs`` maps B (or, for the one-sequence curve, tokens scored, taken as B rows x 1 token)
-    to seconds and holds B = 1; read linearly between the sizes given, flat past the last."""
+    """The rule of ``--max-batch auto`` (server/workers.py `choose_max_batch`): the rows
+    B <= ``limit`` at which a call of B rows x 1 token, costing T(B), gives the most throughput
+    per unit of step latency, (B / T(B)) / T(B): Kleinrock's "power" of a queue (L. Kleinrock,
+    "Power and deterministic rules of thumb for probabilistic problems in computer
+    communications", ICC 1979). Rows are added while throughput still rises faster than each
+    row's step slows: all of them where the curve is flat, one where B rows cost B calls, and in
+    between the knee before the curve steepens. ``costs`` maps B (or, for the one-sequence
+    curve, tokens scored, taken as B rows x 1 token) to seconds and holds B = 1; read linearly
+    between the sizes given, flat past the last; a tie goes to fewer rows."""
     import numpy as np
 
     sizes = sorted(costs)
-    cost = np.interp(range(1, limit + 1), sizes, [costs[b] for b in sizes])
-    return int(np.flatnonzero(cost <= BATCH_LATENCY * costs[1]).max()) + 1
+    rows = np.arange(1, limit + 1)
+    cost = np.interp(rows, sizes, [costs[b] for b in sizes])
+    return int(np.argmax(rows / cost**2)) + 1
 
 
 def fastest(curves: dict[str, dict[int, float]]) -> str:

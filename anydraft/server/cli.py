@@ -25,10 +25,11 @@ def register(sub) -> None:
                    help="generations running at once (one worker thread each, sharing the weights)")
     s.add_argument("--max-batch", type=_batch, default="auto",
                    help="generations each worker runs together, their candidates scored in one "
-                        "target call (continuous batching); 'auto' (default): the most rows "
-                        "whose call costs at most 1.5x one row's, from the target's measured "
-                        "cost curve (1 where scoring more tokens costs proportionally more, and "
-                        "with --max-concurrency above 1)")
+                        "target call (continuous batching); 'auto' (default): from the target's "
+                        "measured cost curve, the rows giving the most throughput per second of "
+                        "step latency (all 16 where the curve is flat, 1 where scoring more tokens "
+                        "costs proportionally more, and with --max-concurrency above 1); a number "
+                        "bounds each request's slowdown (`anydraft doctor --batch`)")
     s.add_argument("--min-read", type=int, default=MIN_READ, metavar="N",
                    help="the fewest prompt tokens each batched step reads for a joining request "
                         f"(default {MIN_READ}): fewer keep the other requests' inter-token latency "

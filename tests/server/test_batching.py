@@ -92,7 +92,8 @@ def test_generations_run_together_and_a_cancelled_row_leaves(batched_server, dec
     ({1: 0.252, 2: 0.292, 5: 0.340, 9: 0.463, 17: 0.665, 33: 1.005}, 6),  # the Zen 3, float32+onednn
 ])
 def test_auto_max_batch_from_the_cost_curve(monkeypatch, curve, rows):
-    """The most rows whose call costs at most 1.5x one row's (read between measured sizes)."""
+    """The rows whose call gives the most throughput per unit of step latency (read between
+    measured sizes)."""
     from types import SimpleNamespace
 
     from anydraft.hardware import profile
