@@ -210,7 +210,8 @@ def read_budget(curve, tokens: int, min_read: int = MIN_READ) -> int:
     the size whose cost stays within `BATCH_LATENCY` of a one-token call, at least
     ``min_read`` (``anydraft serve --min-read``: fewer keep the decoding rows' steps steadier
     where the curve is steep, more bring a prompt's first token sooner), at most a prompt
-    chunk; a whole chunk where the cost curve is unknown. ``curve``: tokens -> seconds (`Costs.target_curve`) or None."""
+    chunk; a whole chunk where the cost curve is unknown. ``curve``: tokens -> seconds
+    (`Costs.target_curve`) or None."""
     if curve is None:
         return PREFILL_CHUNK
     limit = BATCH_LATENCY * curve(1)
