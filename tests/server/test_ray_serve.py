@@ -226,9 +226,11 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(ray_base, decod
         for f in futures:
             f.result(timeout=120)  # every request ends: none hangs
     # Ray sends the victim's queued requests to the other replica, whose fair queue may turn
-    # some away (429 with Retry-After, as it would any load past one client's share): refused,
-    # for the client to retry, not lost
-    refused = [r for r in results if r.get("status") == 429 and r.get("replica") != victim]
+    # some away (429 with Retry-After, as it would any load past one client's share), and on 2
+    # busy cores the proxy, recovering from the kill, may pass a body on too late (408, the
+    # server's 30 s body timeout; seen once in a full-suite run): refused, for the client to
+    # retry, not lost
+    refused = [r for r in results if r.get("status") in (408, 429) and r.get("replica") != victim]
     failed = [r for r in results if "error" in r and r not in refused]
     ok = [r for r in results if "error" not in r]
     assert len(refused) < len(results) // 2, refused
