@@ -115,8 +115,8 @@ def rate(curve: dict[int, float]) -> float:
     return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
 
 
-# a joining prompt's read may make the decoding rows' call cost this much more than a one-token call
-# (decoding/step.py `read_budget`)
+# a joining prompt's read may make the decoding rows' call cost this much more than a one-token
+# call (decoding/step.py `read_budget`)
 BATCH_LATENCY = 1.5
 MAX_AUTO_BATCH = 16  # the most rows `--max-batch auto` gives a worker
 # the fewest prompt tokens a batch's call reads for joining sequences, however full it is

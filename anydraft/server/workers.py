@@ -77,8 +77,8 @@ def choose_max_batch(decoder, args) -> int:
     one-token-each call, taken to cost T(B), gives the most B / T(B)^2 (throughput per unit of
     step latency). Where the curve is steep (scoring B tokens costs about B calls) that is 1:
     requests queue as without batching. Also 1 with several workers (they would share the
-    cores) and for a backend that cannot batch. `anydraft doctor --batch` measures the batched calls themselves and says
-    what this rule would choose from them."""
+    cores) and for a backend that cannot batch. `anydraft doctor --batch` measures the batched
+    calls themselves and says what this rule would choose from them."""
     if args.max_batch != "auto":
         return args.max_batch
     target = decoder.target
