@@ -65,7 +65,9 @@ class Decoder:
             from .scout import auto_drafter
 
             drafter, drafter_backend = auto_drafter(target, drafter_backend, progress)
-        drafter_backend = check_backend(drafter_backend or backend)
+        # the drafter's own fastest backend, whatever the target's (a torch target on a CPU
+        # drafts fastest with a quantized llama.cpp drafter; a GPU target, with a torch one)
+        drafter_backend = check_backend(drafter_backend or "auto")
         self.draft = override(draft or DraftConfig(), method=method,
                               num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,
                               adaptive=adaptive, drafter_context=drafter_context)

@@ -79,7 +79,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="auto (the faster here, measured once) | torch (transformers, --dtype) | "
                              "llamacpp (the GGUF as it is, quantized)")
     parser.add_argument("--drafter-backend", default=None, choices=("auto", "torch", "llamacpp"),
-                        help="default: same as --target-backend")
+                        help="default: auto (the faster for the drafter here, measured once), "
+                             "whatever --target-backend is")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch "
                              "models; llama.cpp runs on the CPU")

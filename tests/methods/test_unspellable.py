@@ -82,8 +82,8 @@ def biased_decoder(tables):
     """SmolLM2 target, Gemma-3 drafter (llama.cpp: both load in a second), and the target's
     own greedy output."""
     require_llamacpp()
-    dec = Decoder(target=TARGET, drafter=DRAFTER, backend="llamacpp", num_draft_tokens=4,
-                  adaptive=False)
+    dec = Decoder(target=TARGET, drafter=DRAFTER, backend="llamacpp", drafter_backend="llamacpp",
+                  num_draft_tokens=4, adaptive=False)
     new_session = dec.drafter.new_session
     token = tables[1].byte_ids[0x04]
     dec.drafter.new_session = lambda: Biased(new_session(), token)

@@ -21,7 +21,8 @@ def test_200_concurrent_requests_on_four_llamacpp_workers(tmp_path, monkeypatch)
     monkeypatch.setenv("ANYDRAFT_LLAMACPP_CONTEXT", "512")  # 8 live contexts: keep them small
     monkeypatch.setenv("ANYDRAFT_LLAMACPP_THREADS", "1")  # 4 workers on 2 cores: no spinning
     server = Server("smollm2-135m", tmp_path / "server.log", "--target-backend", "llamacpp",
-                    "--drafter", "smollm2-135m", "--fixed-k", "--max-concurrency", "4",
+                    "--drafter", "smollm2-135m", "--drafter-backend", "llamacpp", "--fixed-k",
+                    "--max-concurrency", "4",
                     "--max-queue", str(REQUESTS), "--max-queued-per-client", str(REQUESTS))
     try:
         server.wait_ready()
