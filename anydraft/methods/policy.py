@@ -15,10 +15,11 @@ measurements:
 - ``r``: target candidates per drafter token (a cross-vocabulary bridge re-tokenises).
 - ``d``: seconds per drafter forward pass; ``o``: the rest of a step (translation, verification).
 - ``T(n)``: the target's measured time to score n tokens in one call: a curve, not a constant
-  (it is nearly flat on some machines and nearly linear on others), kept as one running mean
-  per n with a straight line fitted through them. Where this machine measured the target's
-  cost curve before (hardware/profile.py), its points join the fit as a weak prior that fades
-  as the pair's own calls come in (`Costs.profile`).
+  (it is nearly flat on some machines and nearly linear on others, and may bend), kept as one
+  running mean per n and drawn through them, each pulled a little towards a straight line fit
+  (`Costs.target_curve`). Where this machine measured the target's cost curve before
+  (hardware/profile.py), its points join as a weak prior that fades as the pair's own calls
+  come in (`Costs.profile`).
 
 A step with k drafts takes ``k d + T(1 + r k) + o``; a plain step ``T(1) + o_plain``. A drafter
 behind the committed text (the prompt, at first) reads its backlog before drafting: that cost
@@ -47,7 +48,10 @@ docs/adaptive-drafting.md.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 FORGET = 0.9  # weight kept by older steps per new observation: ~10 steps of memory
 FADE = 0.95  # weight kept by the drafter's estimates per step that does not run it
@@ -59,6 +63,9 @@ PRIOR_ACCEPTANCE = 0.5  # a_i before position i was ever reached: replaced withi
 FIRST_READ_SHARE = 1 / 16
 FREE_READ = 2  # a backlog this short (the last step's own tokens) rides along with the first pass
 MIN_SECONDS = 1e-6  # a fitted cost line never reaches zero
+# the target cost curve's line counts as this many calls at each size seen: a size seen once
+# sits halfway between its time and the line, one seen often at its own (`Costs.target_curve`)
+SHRINK = 1.0
 # a measured cost curve (hardware/profile.py) counts as this many of the pair's own target
 # calls, all its sizes together: it shapes the first steps, and has faded after ~20 calls
 PROFILE_WEIGHT = 1.0
@@ -105,21 +112,31 @@ class Costs:
         self.profile_weight *= FORGET
 
     def target_curve(self):
-        """n -> T(n), a straight line fitted to the per-size means (weighted by how much each
-        size was seen; one size seen: flat) and the profile's points, or None before either.
-        Before the pair's own calls spread over sizes, the profile gives the line its slope:
-        the first batch of rows shares its call as the hardware allows."""
+        """n -> T(n), or None before any call or profile point. A straight line is fitted to
+        the per-size means (weighted by how much each size was seen; one size seen: flat) and
+        the profile's points; then each size seen, or profiled, is a knot: its own mean and
+        the profile's point, shrunk towards the line as if the line were `SHRINK` more
+        observations; T runs straight between knots, with the line's slope past the ends, and
+        never falls. The line alone would blur a bend: on llama.cpp 2 tokens can cost 1.7x
+        one and 5 tokens 2.1x, and a line through all sizes put the plain step 15% too dear
+        and a 1-token draft 10% too cheap, so drafts that lose looked worth it. Before the
+        pair's own calls spread over sizes, the profile gives the curve its shape: the first
+        batch of rows shares its call as the hardware allows."""
         points = [(m, mean.value, mean.weight) for m, mean in self.target.items()]
-        points += [(m, seconds, self.profile_weight / len(self.profile))
-                   for m, seconds in self.profile.items()]
-        if not points:
+        profile = [(m, seconds, self.profile_weight) for m, seconds in self.profile.items()]
+        if not points and not profile:
             return None
-        w = sum(p[2] for p in points)
-        mx = sum(p[0] * p[2] for p in points) / w
-        my = sum(p[1] * p[2] for p in points) / w
-        sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points)
-        slope = max(0.0, sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / sxx) if sxx else 0.0
-        return lambda n: max(MIN_SECONDS, my + slope * (n - mx))
+        line = _line(points + [(m, v, w / len(profile)) for m, v, w in profile])
+        evidence: dict = {}  # size -> (weighted seconds, weight)
+        for m, seconds, weight in points + profile:
+            total, w = evidence.get(m, (0.0, 0.0))
+            evidence[m] = (total + weight * seconds, w + weight)
+        knots, top = [], 0.0
+        for m in sorted(evidence):
+            total, w = evidence[m]
+            top = max(top, (total + SHRINK * line(m)) / (w + SHRINK))
+            knots.append((m, top))
+        return partial(_through, knots, line(knots[-1][0] + 1) - line(knots[-1][0]))
 
     def target_seconds(self, n: float) -> float | None:
         curve = self.target_curve()
@@ -135,6 +152,28 @@ class Costs:
         """What reading ``tokens`` backlog tokens costs the drafter before it can draft."""
         per_token = self.read_per_token()
         return 0.0 if tokens <= FREE_READ or per_token is None else per_token * tokens
+
+
+def _line(points: list[tuple]) -> Callable[[float], float]:
+    """The least-squares line through weighted ``(size, seconds, weight)`` points, never
+    falling (a single size: flat)."""
+    w = sum(p[2] for p in points)
+    mx = sum(p[0] * p[2] for p in points) / w
+    my = sum(p[1] * p[2] for p in points) / w
+    sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points)
+    slope = max(0.0, sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / sxx) if sxx else 0.0
+    return lambda n: my + slope * (n - mx)
+
+
+def _through(knots: list[tuple], slope: float, n: float) -> float:
+    """The piecewise-linear curve through sorted ``(size, seconds)`` knots at ``n``, with
+    ``slope`` past either end."""
+    i = bisect.bisect_left(knots, n, key=lambda k: k[0])
+    if i == len(knots) or (i == 0 and n < knots[0][0]):
+        m, seconds = knots[min(i, len(knots) - 1)]
+        return max(MIN_SECONDS, seconds + slope * (n - m))
+    (m1, s1), (m2, s2) = knots[max(i - 1, 0)], knots[i]
+    return max(MIN_SECONDS, s2 if m2 == m1 else s1 + (s2 - s1) * (n - m1) / (m2 - m1))
 
 
 class Acceptance:

@@ -115,6 +115,24 @@ def test_target_cost_curve_interpolates_and_extrapolates():
     assert Costs().target_seconds(1) is None
 
 
+def test_target_cost_curve_keeps_a_bend_that_a_line_would_blur():
+    """Qwen-1.5B on llama.cpp (Xeon, session 34): 1 token 85 ms, 2 tokens 136, 3 tokens 166, 5
+    tokens 190. A line through these put T(1) at 103 ms and T(2) at 124, so a 1-token draft
+    (20 ms, accepted 65% of the time) looked faster than a plain step, and ran at 0.86x it.
+    Drawn through its sizes, the curve keeps both, and the policy decodes plainly."""
+    c = Costs(draft=Mean(0.020))
+    for n, seconds, calls in ((1, 0.085, 30), (2, 0.136, 30), (3, 0.166, 3), (5, 0.190, 5)):
+        for _ in range(calls):
+            c.add_target(n, seconds)
+    assert c.target_seconds(1) == pytest.approx(0.085, rel=0.02)
+    assert c.target_seconds(2) == pytest.approx(0.136, rel=0.02)
+    assert c.target_seconds(4) == pytest.approx((0.166 + 0.190) / 2, rel=0.05)
+    assert c.target_seconds(9) > c.target_seconds(5)  # past the last size: the line's slope
+    assert best(1, c, acceptance(0.65))[0] == 0
+    steps = [c.target_seconds(n / 4) for n in range(1, 41)]
+    assert steps == sorted(steps)  # never falls
+
+
 @pytest.mark.parametrize("case, want", [
     # cheap drafter, high acceptance, flat target curve: draft the most
     (dict(target={1: 0.2, 6: 0.21}, draft=0.01, a=0.9), 8),
