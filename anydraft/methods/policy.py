@@ -126,7 +126,7 @@ class Costs:
         profile = [(m, seconds, self.profile_weight) for m, seconds in self.profile.items()]
         if not points and not profile:
             return None
-        line = _line(points + [(m, v, w / len(profile)) for m, v, w in profile])
+        line, slope = _line(points + [(m, v, w / len(profile)) for m, v, w in profile])
         evidence: dict = {}  # size -> (weighted seconds, weight)
         for m, seconds, weight in points + profile:
             total, w = evidence.get(m, (0.0, 0.0))
@@ -136,7 +136,7 @@ class Costs:
             total, w = evidence[m]
             top = max(top, (total + SHRINK * line(m)) / (w + SHRINK))
             knots.append((m, top))
-        return partial(_through, knots, line(knots[-1][0] + 1) - line(knots[-1][0]))
+        return partial(_through, knots, slope)
 
     def target_seconds(self, n: float) -> float | None:
         curve = self.target_curve()
@@ -154,15 +154,15 @@ class Costs:
         return 0.0 if tokens <= FREE_READ or per_token is None else per_token * tokens
 
 
-def _line(points: list[tuple]) -> Callable[[float], float]:
+def _line(points: list[tuple]) -> tuple[Callable[[float], float], float]:
     """The least-squares line through weighted ``(size, seconds, weight)`` points, never
-    falling (a single size: flat)."""
+    falling (a single size: flat), and its slope."""
     w = sum(p[2] for p in points)
     mx = sum(p[0] * p[2] for p in points) / w
     my = sum(p[1] * p[2] for p in points) / w
     sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points)
     slope = max(0.0, sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / sxx) if sxx else 0.0
-    return lambda n: my + slope * (n - mx)
+    return (lambda n: my + slope * (n - mx)), slope
 
 
 def _through(knots: list[tuple], slope: float, n: float) -> float:
