@@ -181,19 +181,21 @@ def _share_reads(rows: list[Row], choices: list, group: list[int]) -> None:
     four reading their prompts, or five resuming with ~50 tokens each (2.9 s where the median
     was 0.64 s), made a batch's longest steps (docs/benchmarks-history.md).
     The readers share one read's worth (`read_size`, what one plain step costs), each the last
-    ``max(PROBE_READ, its share)`` tokens of its backlog; where every read is whole (drafter
-    context 0), one drafter a call reads and the others decode plainly until their turn."""
+    ``max(PROBE_READ, its share)`` tokens of its backlog: as many readers a call as that holds
+    at PROBE_READ tokens each, the others decoding plainly until their turn (8 rows each
+    reading 16 tokens made 1.4-2.2 s steps where a read's worth was 29 tokens); where every
+    read is whole (drafter context 0), one a call."""
     readers = [i for i in group if _reads_long(rows[i], choices[i])]
     if len(readers) < 2:
         return
     policy = rows[readers[0]].policy
-    share = read_size(policy.estimates.costs, policy.context) // len(readers)
-    if not share:  # whole reads: one a call, the others wait their turn
-        for i in readers[1:]:
-            choices[i] = choices[i].cut(0)
-        return
-    for i in readers:
-        choices[i] = choices[i].reading(max(PROBE_READ, share))
+    size = read_size(policy.estimates.costs, policy.context)
+    turn = min(len(readers), max(1, size // PROBE_READ))
+    for i in readers[turn:]:
+        choices[i] = choices[i].cut(0)
+    if size:
+        for i in readers[:turn]:
+            choices[i] = choices[i].reading(max(PROBE_READ, size // turn))
 
 
 def _reads_long(row: Row, choice) -> bool:

@@ -240,32 +240,37 @@ def test_rows_drafting_together_are_measured_with_the_calls_backlog(decoders, mo
     assert observed[:4] == list(reads.values())
 
 
-def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch):
+@pytest.mark.parametrize("copies", [2, 6])
+def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch, copies):
     """Adaptive rows that join together do not each have their drafters read as much of their
     prompts as alone in one step (every row would wait for all the reads): they share one
-    read's worth (at most the drafter's context, 64 tokens), each at least PROBE_READ;
-    outputs equal plain decoding alone."""
+    read's worth (at most the drafter's context, 64 tokens), each at least PROBE_READ, so
+    that more readers than it holds take turns; outputs equal plain decoding alone."""
     import anydraft.decoding.step as step_module
     from anydraft.methods.policy import PROBE_READ, Choice, Policy
 
-    prompts = ["the quick brown fox jumps over the lazy dog " * 2] * 2 + PROMPTS[1:3]
+    prompts = ["the quick brown fox jumps over the lazy dog " * 2] * copies + PROMPTS[1:3]
     alone = [decoders["ar"].generate(prompt, 16, chat=False).token_ids for prompt in prompts]
     # every row wants 2 drafts each step, whatever the timings say
     monkeypatch.setattr(Policy, "choose", lambda self, state, drafter=None, match=0: Choice(
         "draft", 2, 64, self.draft, True))
     monkeypatch.setattr(step_module, "allocate", lambda bids: [bid.choice.k for bid in bids])
-    reads = []
+    monkeypatch.setattr(step_module, "read_size", lambda costs, context: 64)  # a read's worth
+    reads, readers = [], set()
     choose = step_module._choose
 
     def spy(rows, groups):
         choices = choose(rows, groups)
-        reads.append([c.read for row, c in zip(rows, choices, strict=True)
-                      if c.proposer == "draft" and c.k and row.drafter.behind > PROBE_READ])
+        long = [(row, c) for row, c in zip(rows, choices, strict=True)
+                if c.proposer == "draft" and c.k and row.drafter.behind > PROBE_READ]
+        reads.append([c.read for _, c in long])
+        readers.update(id(row) for row, _ in long)
         return choices
 
     monkeypatch.setattr(step_module, "_choose", spy)
     outs = decoders["auto"].generate_batch(prompts, 16, chat=False)
     assert [out.token_ids for out in outs] == alone
-    # the three longer prompts read at once, the same share each, at most a third of 64
-    assert len(reads[0]) == 3 and PROBE_READ <= min(reads[0]) == max(reads[0]) <= 64 // 3
-    assert all(len(r) < 2 or sum(r) <= max(64, PROBE_READ * len(r)) for r in reads)
+    # three read at once, 64 // 3 tokens each; of seven, 64 // PROBE_READ = 4 read at once,
+    # PROBE_READ each, and the other three next
+    assert reads[0] == ([64 // 3] * 3 if copies == 2 else [PROBE_READ] * 4)
+    assert len(readers) == copies + 1 and all(sum(r) <= 64 for r in reads)
