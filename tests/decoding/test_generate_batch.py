@@ -256,6 +256,7 @@ def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch, co
         "draft", 2, 64, self.draft, True))
     monkeypatch.setattr(step_module, "allocate", lambda bids: [bid.choice.k for bid in bids])
     monkeypatch.setattr(step_module, "read_size", lambda costs, context: 64)  # a read's worth
+    monkeypatch.setattr(step_module, "EVIDENCE", 0.0)  # every row drafts from the first step
     reads, readers = [], set()
     choose = step_module._choose
 
@@ -274,3 +275,36 @@ def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch, co
     # PROBE_READ each, and the other three next
     assert reads[0] == ([64 // 3] * 3 if copies == 2 else [PROBE_READ] * 4)
     assert len(readers) == copies + 1 and all(sum(r) <= 64 for r in reads)
+
+
+def test_rows_of_one_call_draft_one_at_a_time_on_little_evidence_and_wait_once():
+    """`_confirm`: while the pair's first-position acceptance rests on fewer than EVIDENCE
+    observations, one adaptive row of a call drafts (a probe's lucky drafts would otherwise
+    have every row draft at once); with enough evidence, all keep their drafts; fixed draft
+    lengths are never cut. `_wait_once`: rows that sat out count one step towards a probe."""
+    from types import SimpleNamespace
+
+    import anydraft.decoding.step as step_module
+    from anydraft.methods.policy import Acceptance, Choice, Mean
+
+    def rows_choices(weight, adaptive=(True, True, True)):
+        acc = Acceptance()
+        acc.positions = [Mean(0.9, weight)]
+        rows = [SimpleNamespace(policy=SimpleNamespace(adaptive=a)) for a in adaptive]
+        return acc, rows, [Choice("draft", 4, 0, acc, True) for _ in rows]
+
+    acc, rows, choices = rows_choices(step_module.EVIDENCE / 2)
+    step_module._confirm(rows, choices, [0, 1, 2])
+    assert [c.k for c in choices] == [4, 0, 0] and choices[1].waited == (acc,)
+    acc, rows, choices = rows_choices(step_module.EVIDENCE)
+    step_module._confirm(rows, choices, [0, 1, 2])
+    assert [c.k for c in choices] == [4, 4, 4]
+    acc, rows, choices = rows_choices(0.0, adaptive=(True, False, True))
+    step_module._confirm(rows, choices, [0, 1, 2])
+    assert [c.k for c in choices] == [4, 4, 0]
+
+    other = Acceptance()
+    choices = [Choice("plain", 0, waited=(acc,)), Choice("copy", 2, waited=(acc, other)),
+               Choice("plain", 0, waited=(acc, other))]
+    step_module._wait_once(choices, [0, 1, 2])
+    assert [c.waited for c in choices] == [(acc,), (other,), ()]

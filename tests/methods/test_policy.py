@@ -440,7 +440,7 @@ def test_one_probe_per_shared_call():
     acc = acceptance(0.8)
 
     class Probing:
-        estimates = SimpleNamespace(costs=Costs())
+        estimates, adaptive = SimpleNamespace(costs=Costs()), True
 
         def choose(self, state, drafter, match):
             return Choice("draft", 5, PROBE_READ, acc, True, probe=True)
@@ -451,30 +451,33 @@ def test_one_probe_per_shared_call():
     rows = [Row(SimpleNamespace(committed=[1], pending=[1]), Probing()) for _ in range(3)]
     first, *others = _choose(rows, [[0, 1, 2]])
     assert first.probe and first.k == 5
-    assert all(c.k == 0 and not c.probe and acc in c.waited for c in others)
+    assert all(c.k == 0 and not c.probe for c in others)
+    assert [acc in c.waited for c in others] == [True, False]  # the call's step counts once
     assert _choose(rows[:1], [[0]])[0].probe  # alone, it probes
 
 
 @pytest.mark.parametrize("rows, context, reads, drafting", [
     (2, 64, [22, 22], 2),  # half each
-    (4, 64, [16] * 4, 4),  # a quarter (11) is less than a probe reads
+    (4, 64, [22, 22, 0, 0], 2),  # a quarter (11) is less than a probe reads: two at a time
     (1, 64, [45], 1),  # alone: all it would read
     (3, 0, [0, 0, 0], 1),  # whole reads (context 0): one a call, the others decode plainly
 ])
 def test_long_drafter_reads_of_one_call_share_one_reads_worth(rows, context, reads, drafting):
     """Every row of a call waits for all its drafters' reads: rows whose drafters are 100
     tokens behind read, together, the 45 tokens one plain step costs to read (0.09 s at 2 ms a
-    token), each at least PROBE_READ (``reads``: the last tokens each reads, 0 all). Whether a
-    drafter reads its prompt or what was committed while it sat drafting out is all one."""
+    token), each at least PROBE_READ, as many at once as that holds, the others plainly until
+    their turn (``reads``: the last tokens each reads, 0 all). Whether a drafter reads its
+    prompt or what was committed while it sat drafting out is all one."""
     from anydraft.decoding.step import _choose
     from anydraft.methods.row import Row
 
-    c = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002)
+    c, acc = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002), acceptance(0.9)
+    acc.positions[0] = Mean(0.9, 10.0)  # well measured: every row may draft on it
     batch = []
     for i in range(rows):
         state = FakeState(budget=2000)
         state.stats.new_tokens, state.stats.drafter_calls, state.pending = 50, i % 2, [1]
-        batch.append(Row(state, policy(c, acceptance(0.9), context=context), drafter=FakeDrafter(behind=100)))
+        batch.append(Row(state, policy(c, acc, context=context), drafter=FakeDrafter(behind=100)))
     choices = _choose(batch, [list(range(rows))])
     assert [choice.read for choice in choices] == reads
     assert [choice.k > 0 for choice in choices] == [i < drafting for i in range(rows)]
