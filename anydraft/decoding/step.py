@@ -185,7 +185,7 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
 def _wait_once(choices: list, group: list[int]) -> None:
     """A call's step counts once towards each sitting-out estimator's next probe, however many
     of its rows sat out: probes are due once the steps without the drafter cost enough
-    (`probe_due`, one plain step each), and 8 rows counting 8 had one row probe every ~6
+    (`probe_due`, one plain step each), and 8 rows counting 8 probed up to 7 times in 64
     steps, each probe lengthening all 8 rows' step by half."""
     seen: set = set()
     for i in group:
