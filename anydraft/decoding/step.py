@@ -182,19 +182,6 @@ def _choose(rows: list[Row], groups: list[list[int]]) -> list:
     return choices
 
 
-def _wait_once(choices: list, group: list[int]) -> None:
-    """A call's step counts once towards each sitting-out estimator's next probe, however many
-    of its rows sat out: probes are due once the steps without the drafter cost enough
-    (`probe_due`, one plain step each), and 8 rows counting 8 probed up to 7 times in 64
-    steps, each probe lengthening all 8 rows' step by half."""
-    seen: set = set()
-    for i in group:
-        waited = tuple(acc for acc in choices[i].waited if id(acc) not in seen)
-        seen.update(id(acc) for acc in choices[i].waited)
-        if waited != choices[i].waited:
-            choices[i] = replace(choices[i], waited=waited)
-
-
 def _confirm(rows: list[Row], choices: list, group: list[int]) -> None:
     """One adaptive row a call drafts while its acceptance estimate rests on fewer than
     `EVIDENCE` observations of the first draft position (at the start, or after a probe of
@@ -214,6 +201,19 @@ def _confirm(rows: list[Row], choices: list, group: list[int]) -> None:
             seen.add(id(choice.acc))
 
 
+def _wait_once(choices: list, group: list[int]) -> None:
+    """A call's step counts once towards each sitting-out estimator's next probe, however many
+    of its rows sat out: probes are due once the steps without the drafter cost enough
+    (`probe_due`, one plain step each), and 8 rows counting 8 probed up to 7 times in 64
+    steps, each probe lengthening all 8 rows' step by half."""
+    seen: set = set()
+    for i in group:
+        waited = tuple(acc for acc in choices[i].waited if id(acc) not in seen)
+        seen.update(id(acc) for acc in choices[i].waited)
+        if waited != choices[i].waited:
+            choices[i] = replace(choices[i], waited=waited)
+
+
 def _share_reads(rows: list[Row], choices: list, group: list[int]) -> None:
     """Keep the long drafter reads of one call's rows, which every row of it waits for, to
     about what one costs alone. Rows of one pair decide alike, so their drafters start (the
@@ -222,9 +222,9 @@ def _share_reads(rows: list[Row], choices: list, group: list[int]) -> None:
     was 0.64 s), made a batch's longest steps (docs/benchmarks-history.md).
     The readers share one read's worth (`read_size`, what one plain step costs), each the last
     ``max(PROBE_READ, its share)`` tokens of its backlog: as many readers a call as that holds
-    at PROBE_READ tokens each, the others decoding plainly until their turn (8 rows each
-    reading 16 tokens made 1.4-2.2 s steps where a read's worth was 29 tokens); where every
-    read is whole (drafter context 0), one a call."""
+    at PROBE_READ tokens each, the others decoding plainly until their turn (8 rows reading
+    16 each would read 4x a read's worth of 29 tokens); where every read is whole (drafter
+    context 0), one a call."""
     readers = [i for i in group if _reads_long(rows[i], choices[i])]
     if len(readers) < 2:
         return
