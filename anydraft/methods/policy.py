@@ -169,11 +169,11 @@ def _through(knots: list[tuple], slope: float, n: float) -> float:
     """The piecewise-linear curve through sorted ``(size, seconds)`` knots at ``n``, with
     ``slope`` past either end."""
     i = bisect.bisect_left(knots, n, key=lambda k: k[0])
-    if i == len(knots) or (i == 0 and n < knots[0][0]):
+    if i in (0, len(knots)):  # at or before the first knot, or past the last
         m, seconds = knots[min(i, len(knots) - 1)]
         return max(MIN_SECONDS, seconds + slope * (n - m))
-    (m1, s1), (m2, s2) = knots[max(i - 1, 0)], knots[i]
-    return max(MIN_SECONDS, s2 if m2 == m1 else s1 + (s2 - s1) * (n - m1) / (m2 - m1))
+    (m1, s1), (m2, s2) = knots[i - 1], knots[i]
+    return max(MIN_SECONDS, s1 + (s2 - s1) * (n - m1) / (m2 - m1))
 
 
 class Acceptance:
