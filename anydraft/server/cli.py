@@ -171,10 +171,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AnydraftError(
             f"anydraft serve needs the server extra ({exc.name} is missing): "
             "pip install 'anydraft[server]'") from exc
-    from .workers import build_decoders, choose_max_batch
+    from .workers import build_workers
 
-    decoders = build_decoders(args)
-    max_batch = choose_max_batch(decoders[0], args)
+    decoders, max_batch = build_workers(args)
     config = server_config(args, max_batch, api_key)
     app = create_app(decoders, config)
     print(f"anydraft: serving {config.model_id!r} (method {decoders[0].draft.method}, "

@@ -81,14 +81,13 @@ def llamacpp_threads_as_reserved() -> None:
 class AnydraftReplica:
     def __init__(self, options: dict, metrics_port: int | None = None):
         from .cli import server_config
-        from .workers import build_decoders, choose_max_batch
+        from .workers import build_workers
 
         args = argparse.Namespace(**options)
         self.replica, local_rank = _replica_id()
         llamacpp_threads_as_reserved()
-        self.decoders = build_decoders(args)
-        self.config = server_config(args, choose_max_batch(self.decoders[0], args), args.api_key,
-                                    replica=self.replica)
+        self.decoders, max_batch = build_workers(args)
+        self.config = server_config(args, max_batch, args.api_key, replica=self.replica)
         self.metrics_port = metrics_port + local_rank if metrics_port else None
 
     def __serve_build_asgi_app__(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import ctypes
 import os
 
 from ..hardware.profile import MAX_AUTO_BATCH
@@ -37,6 +38,33 @@ def build_decoders(args) -> list:
         decoders.append(dec)
     seed_stats(decoders, args.stats)
     return decoders
+
+
+def build_workers(args) -> tuple[list, int]:
+    """The workers' decoders (`build_decoders`) and their rows each (`choose_max_batch`),
+    built in this thread, which then hands the cores to the workers (`release_openmp_threads`)."""
+    decoders = build_decoders(args)
+    max_batch = choose_max_batch(decoders[0], args)
+    release_openmp_threads()
+    return decoders, max_batch
+
+
+def release_openmp_threads() -> bool:
+    """Let this thread's OpenMP threads go (GNU OpenMP's ``omp_pause_resource_all``); False
+    where the process runs no GNU OpenMP (or one without the call). Torch and llama.cpp share
+    one libgomp, and each thread that runs a model keeps threads of its own, spinning between
+    calls. Once a process holds more of them than it has cores, libgomp stops spinning: every
+    barrier inside a model call waits for the kernel to wake a thread. The thread that loaded
+    and measured the models keeps its threads while the workers decode: on 2 cores (Xeon, one
+    process) a SmolLM2 pass in a worker took 44 ms against 14, the target's steps ~15% longer,
+    until that thread let them go (docs/server.md)."""
+    nowhere = getattr(os, "RTLD_NOLOAD", None)  # only the libgomp already loaded, if any
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1", mode=nowhere) if nowhere is not None else None
+    except OSError:
+        gomp = None
+    pause = getattr(gomp, "omp_pause_resource_all", None)
+    return pause is not None and pause(1) == 0  # omp_pause_soft
 
 
 def seed_stats(decoders: list, path: str | None) -> None:

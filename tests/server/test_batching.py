@@ -4,6 +4,9 @@ generations together, each exactly what plain decoding gives alone."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,3 +110,26 @@ def test_auto_max_batch_from_the_cost_curve(monkeypatch, curve, rows):
     assert choose_max_batch(decoder, SimpleNamespace(**{**vars(args), "max_batch": 3})) == 3
     decoder.target.batches = False  # rows one after another would only add waiting
     assert choose_max_batch(decoder, args) == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
+def test_the_thread_that_loads_the_models_lets_its_openmp_threads_go():
+    """`build_workers` ends with `release_openmp_threads`: the OpenMP threads that a model call
+    made for the loading thread exit, so only the workers' spin (run in a fresh process, so
+    no other test's threads come and go)."""
+    script = """
+import os, time, torch
+from anydraft.server.workers import release_openmp_threads
+torch.set_num_threads(2)
+torch.ones(1 << 22).add_(1)  # a parallel region: this thread's OpenMP threads start
+before = len(os.listdir("/proc/self/task"))
+assert release_openmp_threads()
+deadline = time.monotonic() + 10
+while len(os.listdir("/proc/self/task")) >= before and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(before, len(os.listdir("/proc/self/task")))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after < before
