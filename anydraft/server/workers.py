@@ -55,14 +55,16 @@ def release_openmp_threads() -> bool:
     one libgomp, and each thread that runs a model keeps threads of its own, spinning between
     calls. Once a process holds more of them than it has cores, libgomp stops spinning: every
     barrier inside a model call waits for the kernel to wake a thread. The thread that loaded
-    and measured the models keeps its threads while the workers decode: on 2 cores (Xeon, one
-    process) a SmolLM2 pass in a worker took 44 ms against 14, the target's steps ~15% longer,
-    until that thread let them go (docs/server.md)."""
-    nowhere = getattr(os, "RTLD_NOLOAD", None)  # only the libgomp already loaded, if any
+    and measured the models keeps its threads while the workers decode: on 2 cores (Xeon) a
+    server's SmolLM2 pass took 40 ms against 14 and a PyTorch target's plain step 251 ms
+    against 191, until that thread let them go (docs/server.md)."""
+    no_load = getattr(os, "RTLD_NOLOAD", None)  # only the libgomp already loaded, if any
+    if no_load is None:
+        return False
     try:
-        gomp = ctypes.CDLL("libgomp.so.1", mode=nowhere) if nowhere is not None else None
+        gomp = ctypes.CDLL("libgomp.so.1", mode=no_load)
     except OSError:
-        gomp = None
+        return False
     pause = getattr(gomp, "omp_pause_resource_all", None)
     return pause is not None and pause(1) == 0  # omp_pause_soft
 
