@@ -8,7 +8,9 @@ between configurations), and concurrent streaming clients drive it at each concu
 Per request, as vLLM's serving benchmark counts them: TTFT (send -> first content chunk),
 ITL (each gap between content chunks; a speculative step streams several tokens in one
 chunk, so a gap is a step, not a token), TPOT = (end - TTFT) / (tokens - 1), and the
-completion tokens from the stream's `usage`. Light at import time (argparse only).
+completion tokens from the stream's `usage`. With ``--repeats`` the configurations run in
+turn, round after round, and each level reports the median over rounds (`medians`). Light at
+import time (argparse only).
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def register(sub) -> None:
     b.add_argument("--requests-per-level", type=int, default=None, metavar="N",
                    help="requests per (configuration, concurrency) (default: 4 x concurrency, "
                         "at least 16)")
+    b.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="run the configurations R times in turn (A, B, A, B, ...; a fresh server "
+                        "each time) and report medians: on a noisy machine a ratio's median over "
+                        "rounds, each measured within one round, with its range (default 1)")
     b.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request")
     b.add_argument("--temperature", type=float, default=0.0, help="of every request (default greedy)")
     b.add_argument("--seed", type=int, default=0,
@@ -384,6 +390,35 @@ def add_ratios(levels: list[dict], baseline: str, configs: list[dict]) -> None:
                                         config.get("max_batch"))
 
 
+SUMMED = ("requests", "errors", "completion_tokens")  # over rounds; every other number: median
+
+
+def medians(levels: list[dict]) -> list[dict]:
+    """One level per (configuration, concurrency) from its rounds' (`run_configs`): the
+    requests, errors and tokens summed, every other number the median of the rounds' (a
+    ratio the median of the rounds' ratios, each measured within its round: the machine's
+    drift between rounds cancels), ``rounds`` how many, and ``vs_baseline_range`` the
+    rounds' lowest and highest throughput ratio."""
+    import statistics
+
+    groups: dict = {}
+    for lv in levels:
+        groups.setdefault((lv["config"], lv["concurrency"]), []).append(lv)
+    out = []
+    for (config, concurrency), rounds in groups.items():
+        level = {"config": config, "concurrency": concurrency, "rounds": len(rounds)}
+        for key in rounds[0]:
+            if key in level or key == "round":
+                continue
+            values = [lv[key] for lv in rounds if lv[key] is not None]
+            level[key] = (sum(values) if key in SUMMED
+                          else statistics.median(values) if values else None)
+        ratios = [lv["throughput_vs_baseline"] for lv in rounds if lv["throughput_vs_baseline"]]
+        level["vs_baseline_range"] = [min(ratios), max(ratios)] if ratios else None
+        out.append(level)
+    return out
+
+
 def batch_gain(curve: dict | None, concurrency: int, max_batch: int | None) -> float | None:
     """Throughput over one request at a time that the target's measured cost curve allows for
     plain decoding at ``concurrency``: B = min(c, max_batch) rows of one token each per call,
@@ -408,8 +443,12 @@ def _times(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
 
-def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -> Path:
+def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
+                  rounds: list[dict] = ()) -> Path:
+    """summary.md: ``levels`` (`medians`), and each of the ``rounds`` where there were
+    several."""
     s, m = meta["settings"], meta["machine"]
+    repeats = s.get("repeats", 1)
     mode = (f"Poisson arrivals at {s['rate']:g} requests/s, at most c in flight" if s["rate"]
             else "closed loop: c clients, each sending its next request when its last one ends")
     lines = [
@@ -425,6 +464,10 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
         f"dataset {s['dataset']} "
         f"({s['prompts']} prompts), {'/v1/completions' if s['completions'] else '/v1/chat/completions'}, "
         f"max_tokens {s['max_tokens']}, temperature {s['temperature']}, seed {s['seed']}",
+        *([f"- rounds: {repeats}, each running every configuration once, in turn; a level's "
+           "requests and errors are summed over them, every other number is the median of the "
+           "rounds', and vs is the median of the ratios each round measured (lowest-highest "
+           "in brackets)"] if repeats > 1 else []),
         "- configurations (extra `anydraft serve` arguments):",
         *(f"  - {c['label']}: `{shlex.join(c['args']) or '(none)'}`" for c in meta["configs"]),
         "", "## Per configuration and concurrency", "",
@@ -436,10 +479,11 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for lv in levels:
         ratio, tpc = lv["throughput_vs_baseline"], lv["tokens_per_target_call"]
+        spread = lv.get("vs_baseline_range")
         cells = [lv["config"], str(lv["concurrency"]), str(lv["requests"]),
                  f"**{lv['errors']}**" if lv["errors"] else "0",
                  "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
-                 _times(ratio),
+                 _times(ratio) + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if repeats > 1 and spread else ""),
                  *(_ms(lv[f"{k}_{p}"]) for k in ("ttft", "itl", "tpot") for p in ("p50", "p99")),
                  "–" if tpc is None else f"{tpc:.2f}",
                  _times(lv.get("vs_c1")),
@@ -447,12 +491,25 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str]) -
                  _times(lv.get("full_batch_vs_c1")), _times(lv.get("curve_allows"))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if repeats > 1:
+        lines += ["## Each round", "", f"| config | c | round | tok/s | vs {s['baseline']} | "
+                  "tokens / target call | full batch tok/s (s) |", "|---|---|---|---|---|---|---|"]
+        for lv in sorted(rounds, key=lambda lv: (lv["config"], lv["concurrency"], lv["round"])):
+            tpc = lv["tokens_per_target_call"]
+            lines.append(" | ".join([
+                f"| {lv['config']}", str(lv["concurrency"]), str(lv["round"]),
+                "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
+                _times(lv["throughput_vs_baseline"]), "–" if tpc is None else f"{tpc:.2f}",
+                "–" if lv.get("full_batch") is None
+                else f"{lv['full_batch']:.1f} ({lv['full_batch_seconds']:.0f})"]) + " |")
+        lines.append("")
     lines += ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",
               "|---|---|---|"]
-    for c in meta["configs"]:
+    for c in meta["servers"]:
         curve = c.get("cost_curve") or {}
         points = ", ".join(f"M={m}: {curve[m] * 1000:.0f}" for m in sorted(curve, key=int)) or "–"
-        lines.append(f"| {c['label']} | {c.get('max_batch') or '–'} | {points} |")
+        label = c["label"] if repeats == 1 else f"{c['label']} (round {c['round']})"
+        lines.append(f"| {label} | {c.get('max_batch') or '–'} | {points} |")
     lines.append("")
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
@@ -519,22 +576,25 @@ def write_plots(out: Path, levels: list[dict]) -> list[str]:
 def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level: dict[int, int],
                 out: Path, bar) -> tuple[list[dict], list[dict], list[dict]]:
     """Each configuration's server started, warmed up, driven at each concurrency (the keys
-    of ``per_level``, with that many requests) and stopped. Returns what each server ran,
-    one row per request, and one aggregate per (configuration, concurrency)."""
+    of ``per_level``, with that many requests) and stopped; ``args.repeats`` rounds of them
+    all, in turn, so that a machine's drift falls on every configuration alike. Returns what
+    each server ran, one row per request, and one aggregate per (round, configuration,
+    concurrency)."""
     import asyncio
 
     from ..errors import AnydraftError
 
     servers, requests, levels = [], [], []
     max_queue = max(64, *per_level.values())
-    for config in configs:
+    for round_, config in ((n, c) for n in range(1, args.repeats + 1) for c in configs):
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         cmd = server_command(args, config, port, max_queue)
-        servers.append({"label": config.label, "args": list(config.args),
-                                "server_command": shlex.join(cmd)})
-        bar.note(f"[{config.label}] starting: {shlex.join(cmd[1:])}")
-        server = ServerProcess(cmd, out / f"server-{config.label}.log")
+        name = config.label if args.repeats == 1 else f"{config.label}-{round_}"
+        servers.append({"label": config.label, "round": round_, "args": list(config.args),
+                        "server_command": shlex.join(cmd)})
+        bar.note(f"[{name}] starting: {shlex.join(cmd[1:])}")
+        server = ServerProcess(cmd, out / f"server-{name}.log")
         try:
             health = server.wait_ready(base, args.startup_timeout, config.label)
             servers[-1].update(max_batch=health.get("max_batch"), cost_curve=health.get("cost_curve"))
@@ -547,18 +607,19 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
             for c in per_level:
                 picked = [prompts[i % len(prompts)] for i in range(per_level[c])]
                 bodies = [request_body(p["prompt"], args, args.seed + i) for i, p in enumerate(picked)]
-                note = f"{config.label} c={c}"
+                note = f"{name} c={c}"
                 rows, wall = asyncio.run(run_level(base, bodies, c, args.rate, args.seed,
                                                    lambda r, note=note: bar.step(note)))
                 for i, (p, r) in enumerate(zip(picked, rows, strict=True)):
-                    requests.append({"config": config.label, "concurrency": c, "index": i,
-                                     "prompt_id": p["id"], **r})
-                level = {"config": config.label, "concurrency": c, **aggregate(rows, wall)}
+                    requests.append({"config": config.label, "round": round_, "concurrency": c,
+                                     "index": i, "prompt_id": p["id"], **r})
+                level = {"config": config.label, "round": round_, "concurrency": c,
+                         **aggregate(rows, wall)}
                 level["full_batch"], level["full_batch_seconds"] = full_batch(
                     rows, min(c, servers[-1]["max_batch"] or c))
                 levels.append(level)
                 bad = [r["error"] for r in rows if r["error"]]
-                bar.note(f"[{config.label}] c={c}: {level['throughput'] or 0:.1f} tok/s, p99 ITL "
+                bar.note(f"[{name}] c={c}: {level['throughput'] or 0:.1f} tok/s, p99 ITL "
                          f"{_ms(level['itl_p99'])} ms" + (f"; {len(bad)} failed: {bad[0]}" if bad else ""))
         finally:
             server.stop()
@@ -585,6 +646,8 @@ def cmd_bench_serve(args) -> int:
         raise AnydraftError(f"--rate must be a positive number of requests/s, got {args.rate}")
     if args.max_batch is not None and args.max_batch < 1:
         raise AnydraftError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.repeats < 1:
+        raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
     configs = (parse_configs(args.configs) if args.configs
                else default_configs(args.max_batch or max(levels_c)))
     baseline = args.baseline or configs[0].label
@@ -611,22 +674,29 @@ def cmd_bench_serve(args) -> int:
                      "requests_per_level": args.requests_per_level,  # None: max(16, 4c)
                      "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "seed": args.seed, "completions": args.completions, "baseline": baseline,
-                     "warmup": not args.no_warmup},
-        "configs": [],
+                     "warmup": not args.no_warmup, "repeats": args.repeats},
+        "configs": [],  # each configuration's first server
+        "servers": [],  # every server started, each round's
     }
-    bar = Progress(len(configs) * sum(per_level.values()), quiet=args.json)
+    bar = Progress(args.repeats * len(configs) * sum(per_level.values()), quiet=args.json)
     bar.note(f"bench-serve: {len(configs)} configuration(s) x concurrency "
-             f"{','.join(map(str, levels_c))}, {len(prompts)} prompts -> {out}")
+             f"{','.join(map(str, levels_c))}"
+             + (f" x {args.repeats} rounds" if args.repeats > 1 else "")
+             + f", {len(prompts)} prompts -> {out}")
     try:
-        meta["configs"], requests, levels = run_configs(args, configs, prompts, per_level, out, bar)
+        meta["servers"], requests, rounds = run_configs(args, configs, prompts, per_level, out, bar)
     finally:
         bar.bar.close()
-    add_ratios(levels, baseline, meta["configs"])
+    meta["configs"] = [server for server in meta["servers"] if server["round"] == 1]
+    for n in range(1, args.repeats + 1):  # each round's ratios within that round
+        add_ratios([lv for lv in rounds if lv["round"] == n], baseline,
+                   [server for server in meta["servers"] if server["round"] == n])
+    levels = medians(rounds)
     results = out / "results.json"
-    results.write_text(json.dumps({"meta": meta, "levels": levels, "requests": requests}, indent=2)
-                       + "\n", encoding="utf-8")
+    results.write_text(json.dumps({"meta": meta, "levels": levels, "rounds": rounds,
+                                   "requests": requests}, indent=2) + "\n", encoding="utf-8")
     plots = [] if args.no_plots else write_plots(out, levels)
-    summary = write_summary(out, meta, levels, plots)
+    summary = write_summary(out, meta, levels, plots, rounds)
     if args.json:
         print(results.read_text(encoding="utf-8"), end="")
     else:

@@ -83,6 +83,55 @@ def test_bench_serve_end_to_end(model_dir, dataset, tmp_path, monkeypatch, capsy
     assert (out / "server-sd.log").exists()
 
 
+def test_repeats_run_the_configurations_in_turn(model_dir, dataset, tmp_path, monkeypatch, capsys):
+    """--repeats 2: each configuration's server twice, A B A B; a level's numbers are the
+    medians of its rounds', its ratio the median of each round's own ratio."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "out"
+    rc = main(["bench-serve", "--target", str(model_dir), "--dtype", "float32", "--device", "cpu",
+               "--dataset", str(dataset), "--configs", "a=--method ar;b=--method ar --max-batch 1",
+               "--concurrency", "1", "--requests-per-level", "2", "--max-tokens", "4",
+               "--repeats", "2", "--no-plots", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((out / "results.json").read_text())
+    assert [(s["label"], s["round"]) for s in data["meta"]["servers"]] == [
+        ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert [c["label"] for c in data["meta"]["configs"]] == ["a", "b"]
+    assert {f"server-{x}.log" for x in ("a-1", "b-1", "a-2", "b-2")} <= {p.name for p in out.iterdir()}
+    assert [(lv["config"], lv["round"]) for lv in data["rounds"]] == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert len(data["requests"]) == 8
+    for lv in data["levels"]:
+        rounds = [r for r in data["rounds"] if r["config"] == lv["config"]]
+        assert lv["rounds"] == 2 and lv["requests"] == 4 and lv["errors"] == 0
+        assert lv["completion_tokens"] == sum(r["completion_tokens"] for r in rounds)
+        assert lv["throughput"] == pytest.approx(sum(r["throughput"] for r in rounds) / 2)
+        ratios = [r["throughput_vs_baseline"] for r in rounds]
+        assert lv["throughput_vs_baseline"] == pytest.approx(sum(ratios) / 2)
+        assert lv["vs_baseline_range"] == [min(ratios), max(ratios)]
+    summary = (out / "summary.md").read_text()
+    assert "- rounds: 2" in summary and "## Each round" in summary
+    assert sum(line.startswith(("| a | 1 | ", "| b | 1 | ")) for line in summary.splitlines()) == 6
+    assert "| b (round 2) |" in summary
+
+
+def test_medians_sum_counts_and_take_the_median_of_each_rounds_ratio():
+    from anydraft.bench.serve import medians
+
+    def level(config, round_, tput, ratio, errors=0):
+        return {"config": config, "round": round_, "concurrency": 8, "requests": 16, "errors": errors,
+                "completion_tokens": 1000, "throughput": tput, "throughput_vs_baseline": ratio,
+                "itl_p99": None}
+
+    rounds = [level("x", 1, 10.0, 1.10), level("x", 2, 20.0, 0.90, errors=1), level("x", 3, 12.0, 1.00),
+              level("y", 1, 5.0, None)]
+    x, y = medians(rounds)
+    assert (x["config"], x["rounds"], x["requests"], x["errors"], x["completion_tokens"]) == ("x", 3, 48, 1, 3000)
+    # each number the middle of its rounds': 12 tok/s from round 3, the ratio 1.00 likewise
+    assert x["throughput"] == 12.0 and x["throughput_vs_baseline"] == 1.0
+    assert x["vs_baseline_range"] == [0.9, 1.1] and x["itl_p99"] is None
+    assert y["rounds"] == 1 and y["throughput_vs_baseline"] is None and y["vs_baseline_range"] is None
+
+
 def test_bad_concurrency(capsys):
     assert main(["bench-serve", "--target", "smollm2-135m", "--concurrency", "1,zero"]) == 2
     assert "--concurrency must be a comma list of integers >= 1" in capsys.readouterr().err
