@@ -494,7 +494,8 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
     if repeats > 1:
         lines += ["## Each round", "", f"| config | c | round | tok/s | vs {s['baseline']} | "
                   "tokens / target call | full batch tok/s (s) |", "|---|---|---|---|---|---|---|"]
-        for lv in sorted(rounds, key=lambda lv: (lv["config"], lv["concurrency"], lv["round"])):
+        order = {c["label"]: i for i, c in enumerate(meta["configs"])}
+        for lv in sorted(rounds, key=lambda lv: (order[lv["config"]], lv["concurrency"], lv["round"])):
             tpc = lv["tokens_per_target_call"]
             lines.append(" | ".join([
                 f"| {lv['config']}", str(lv["concurrency"]), str(lv["round"]),
