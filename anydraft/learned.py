@@ -6,15 +6,13 @@ position), and what steps cost. Every running mean is saved as ``[total, weight]
 is total / weight; both are discounted by `policy.FORGET` per observation and `policy.FADE`
 per idle step), so a seeded mean is the very mean that was saved: the next observation moves
 it exactly as it would have moved it in the process that wrote the file. For an acceptance
-position that pair reads as ``[accepted, reached]``, discounted counts (``overall``: the same
-over ~100 steps, `policy.FORGET_SLOWLY`; absent in older files)::
+position that pair reads as ``[accepted, reached]``, discounted counts::
 
     {"format": "anydraft-stats", "version": 1,
      "pair": {"target":  {"model": "qwen2.5-coder-1.5b", "backend": "torch", "dtype": "float32"},
               "drafter": {"model": "smollm2-135m", "backend": "llamacpp", "dtype": ""}},
      "acceptance": [{"key": ["slem", true], "steps": 412, "idle": 0, "ratio": [9.7, 9.9],
-                     "positions": [[7.1, 9.9], [5.0, 7.1], ...],
-                     "overall": [[70.2, 99.0], [48.3, 64.2], ...], "overhead": [0.02, 9.9]}, ...],
+                     "positions": [[7.1, 9.9], [5.0, 7.1], ...], "overhead": [0.02, 9.9]}, ...],
      "costs": {"machine": "3f0c...", "devices": ["cpu", "cpu"],
                "target": {"1": [0.61, 6.5], "6": [0.93, 9.9]}, "draft": [0.11, 9.9],
                "read": [0.004, 2.7], "plain_overhead": [0.01, 6.5],
@@ -38,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import AnydraftError
-from .methods.policy import FORGET, FORGET_SLOWLY, Acceptance, Costs, Estimates, Mean
+from .methods.policy import Acceptance, Costs, Estimates, Mean
 
 FORMAT, VERSION = "anydraft-stats", 1
 
@@ -71,9 +69,9 @@ def _mean(m: Mean) -> list[float]:
     return [m.total, m.weight]
 
 
-def _read_mean(pair, forget: float = FORGET) -> Mean:
+def _read_mean(pair) -> Mean:
     total, weight = (float(x) for x in pair)
-    mean = Mean(forget=forget)
+    mean = Mean()
     mean.total, mean.weight = total, weight
     return mean
 
@@ -85,7 +83,6 @@ def to_json(decoder) -> dict:
         "format": FORMAT, "version": VERSION, "pair": pair_of(decoder),
         "acceptance": [{"key": list(key), "steps": acc.steps, "idle": acc.idle,
                         "ratio": _mean(acc.ratio), "positions": [_mean(p) for p in acc.positions],
-                        "overall": [_mean(p) for p in acc.overall],
                         "overhead": _mean(acc.overhead)}
                        for key, acc in est.acceptance.items()],
         "costs": {**place_of(decoder), "target": {str(n): _mean(m) for n, m in c.target.items()},
@@ -101,7 +98,6 @@ def _acceptance(entry: dict, costs: bool) -> Acceptance:
     acc.steps, acc.idle = int(entry["steps"]), int(entry["idle"])
     acc.ratio = _read_mean(entry["ratio"])
     acc.positions = [_read_mean(p) for p in entry["positions"]]
-    acc.overall = [_read_mean(p, FORGET_SLOWLY) for p in entry.get("overall", [])]  # older files: none
     if costs:
         acc.overhead = _read_mean(entry["overhead"])
     return acc

@@ -31,11 +31,6 @@ cost enough that the probe, were none of its drafts kept, wastes at most PROBE_S
 time (`probe_due`). While the drafter does not run its estimates fade, so a probe after a
 transient slowdown replaces stale numbers. The estimates live in the `Pairing` (or the
 decoder, without a drafter): a pair's next request starts from what the last one learned.
-Acceptance depends on the text, so once an a_i has faded below one step's weight, what is
-missing is made up from the pair's acceptance over many requests (`Acceptance.a`): after a
-request the drafter served badly, the next ones are not priced by it for good (served at two
-clients, a writing request's a_1 of 0.37 kept the pair decoding plainly through the next
-requests, coding ones included, while the few drafting steps ran 1.6x as fast).
 
 In a batch (decoding/step.py) the rows whose targets are rows of one batch are scored in one
 call, and what one row drafts lengthens everyone's step. The call's cost is recorded once, at
@@ -76,22 +71,16 @@ SHRINK = 1.0
 PROFILE_WEIGHT = 1.0
 
 
-# weight kept by older steps per new one in a pair's acceptance over many requests (~100 steps)
-FORGET_SLOWLY = 0.99
-
-
 class Mean:
-    """A running mean that forgets old values geometrically, keeping ``forget`` of their weight
-    per new value (``prior`` counts as ``weight`` values)."""
+    """A running mean that forgets old values geometrically (``prior`` counts as ``weight`` values)."""
 
-    def __init__(self, prior: float | None = None, weight: float = 1.0, forget: float = FORGET):
+    def __init__(self, prior: float | None = None, weight: float = 1.0):
         self.total = 0.0 if prior is None else prior * weight
         self.weight = 0.0 if prior is None else weight
-        self.forget = forget
 
     def add(self, value: float) -> None:
-        self.total = self.total * self.forget + value
-        self.weight = self.weight * self.forget + 1.0
+        self.total = self.total * FORGET + value
+        self.weight = self.weight * FORGET + 1.0
 
     def fade(self, factor: float = FADE) -> None:
         """Trust the mean less (same value, less weight): the next observation counts more."""
@@ -194,8 +183,6 @@ class Acceptance:
 
     def __init__(self):
         self.positions: list[Mean] = []
-        # the same over ~100 steps, across requests: what `a` falls back on as positions fade
-        self.overall: list[Mean] = []
         self.ratio = Mean(1.0, 1.0)
         self.overhead = Mean(0.0)
         self.steps = 0  # drafting steps seen
@@ -204,27 +191,18 @@ class Acceptance:
         self.idle = 0
 
     def a(self, i: int) -> float:
-        """a_i for i = 1, 2, ...; past the longest draft seen, the last position's. A position
-        whose recent steps weigh less than one (faded while the drafter sat out) is made up to
-        one step's weight by its acceptance over many steps (`overall`)."""
+        """a_i for i = 1, 2, ...; past the longest draft seen, the last position's."""
         if not self.positions:
             return PRIOR_ACCEPTANCE
-        j = min(i, len(self.positions)) - 1
-        recent, missing = self.positions[j], max(0.0, 1.0 - self.positions[j].weight)
-        if not missing or j >= len(self.overall):
-            return recent.value
-        return (recent.total + missing * self.overall[j].value) / (recent.weight + missing)
+        return self.positions[min(i, len(self.positions)) - 1].value
 
     def add(self, offered: int, accepted: int) -> None:
         """A step offered ``offered`` candidates; the first ``accepted`` were accepted."""
         self.steps += 1
         while len(self.positions) < offered:
             self.positions.append(Mean(PRIOR_ACCEPTANCE, 1.0))
-        while len(self.overall) < len(self.positions):  # each starts from its recent value
-            self.overall.append(Mean(self.positions[len(self.overall)].value, 1.0, FORGET_SLOWLY))
         for i in range(min(accepted + 1, offered)):
-            for mean in (self.positions[i], self.overall[i]):
-                mean.add(1.0 if i < accepted else 0.0)
+            self.positions[i].add(1.0 if i < accepted else 0.0)
 
     def expected_tokens(self, m: float) -> float:
         """Tokens a step commits with m candidates: the accepted ones plus the target's own."""

@@ -342,34 +342,6 @@ def test_a_probe_after_plain_steps_outweighs_the_stale_drafter_cost():
     assert c.draft.value < 0.02
 
 
-def test_a_faded_acceptance_falls_back_on_the_pairs_acceptance_over_many_steps():
-    """Served at two clients on a llama.cpp target (T(2) 1.5x T(1), T(4) 1.8x), the drafter
-    did well on 60 steps of one request, then badly on 10 of the next: its recent a_1 is the
-    bad request's, and the two rows decode plainly. While the drafter sits out, a_1 holds
-    until its steps weigh less than one, then drifts to the pair's acceptance over many
-    steps, and the rows draft again (without it they waited ~190 plain steps for a probe)."""
-    c = costs({1: 0.087, 2: 0.134, 4: 0.16, 9: 0.23}, 0.014)
-    p = policy(c, Acceptance(), max_k=8)
-    for accepted in [1] * 60 + [0] * 10:
-        p.draft.add(1, accepted)
-    recent, overall = p.draft.a(1), p.draft.overall[0].value
-    assert recent < 0.4 < 0.8 < overall and sum(allocate(bids(c, p.draft, 2, 8))) == 0
-
-    plain = Measured(0.134, 0, 0.134, 0, 1, 0, 0, 0)
-    for _ in range(40):  # weight 10 x 0.95^40 > 1: not yet
-        p.observe(Choice("draft", 0, acc=p.draft), plain)
-    assert p.draft.a(1) == pytest.approx(recent)
-    for _ in range(40):
-        p.observe(Choice("draft", 0, acc=p.draft), plain)
-    assert recent < p.draft.a(1) < overall and p.draft.a(1) > 0.6
-    assert sum(allocate(bids(c, p.draft, 2, 8))) > 0
-    assert p.draft.overall[0].value == overall  # it learns only from the drafter's steps
-
-    without = acceptance(0.1)  # a history of recent steps alone (as in older stats files)
-    without.positions[0].fade(0.01)
-    assert without.a(1) == pytest.approx(0.1)
-
-
 def test_a_backlog_is_read_only_once_the_answer_has_earned_it():
     """Ski rental: 1000 tokens to read at 2 ms (2 s) against 0.09 s plain steps. Worth it for
     2000 tokens wanted, but only read after 23 plain tokens, so an answer that stops at 10
