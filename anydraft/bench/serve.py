@@ -448,7 +448,7 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
     """summary.md: ``levels`` (`medians`), and each of the ``rounds`` where there were
     several."""
     s, m = meta["settings"], meta["machine"]
-    repeats = s.get("repeats", 1)
+    repeats = s["repeats"]
     mode = (f"Poisson arrivals at {s['rate']:g} requests/s, at most c in flight" if s["rate"]
             else "closed loop: c clients, each sending its next request when its last one ends")
     lines = [
@@ -483,7 +483,7 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
         cells = [lv["config"], str(lv["concurrency"]), str(lv["requests"]),
                  f"**{lv['errors']}**" if lv["errors"] else "0",
                  "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
-                 _times(ratio) + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if repeats > 1 and spread else ""),
+                 _times(ratio) + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else ""),
                  *(_ms(lv[f"{k}_{p}"]) for k in ("ttft", "itl", "tpot") for p in ("p50", "p99")),
                  "–" if tpc is None else f"{tpc:.2f}",
                  _times(lv.get("vs_c1")),
