@@ -55,6 +55,9 @@ class Decoder:
         draft_confidence: float | None = None,
         adaptive: bool | None = None,
         drafter_context: int | None = None,
+        # the most sequences the target will score in one call (a server's batch): an `auto`
+        # backend or dtype takes the path that serves that many best (hardware/profile.py `worth`)
+        rows: int = 1,
     ):
         parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
@@ -72,7 +75,7 @@ class Decoder:
                               num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,
                               adaptive=adaptive, drafter_context=drafter_context)
         check_method(self.draft.method, has_drafter=drafter is not None)
-        self.target = load(target, backend, tokenizer, dtype, device, progress)
+        self.target = load(target, backend, tokenizer, dtype, device, progress, rows=rows)
         self.drafter = None
         if drafter is not None:
             self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,

@@ -443,6 +443,23 @@ def _times(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
 
+def servers_table(servers: list[dict], repeats: int) -> list[str]:
+    """"The servers": each configuration's max batch and target cost curve, one row for the
+    rounds whose servers had the same ones."""
+    rows = {}  # (config, max batch, curve) -> those rounds
+    for c in servers:
+        curve = c.get("cost_curve") or {}
+        points = ", ".join(f"M={m}: {curve[m] * 1000:.0f}" for m in sorted(curve, key=int)) or "–"
+        rows.setdefault((c["label"], c.get("max_batch") or "–", points), []).append(str(c["round"]))
+    lines = ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",
+             "|---|---|---|"]
+    for (label, max_batch, points), rounds in rows.items():
+        if repeats > 1:
+            label += f" (round{'s' * (len(rounds) > 1)} {', '.join(rounds)})"
+        lines.append(f"| {label} | {max_batch} | {points} |")
+    return lines
+
+
 def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
                   rounds: list[dict] = ()) -> Path:
     """summary.md: ``levels`` (`medians`), and each of the ``rounds`` where there were
@@ -504,14 +521,7 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
                 "–" if lv.get("full_batch") is None
                 else f"{lv['full_batch']:.1f} ({lv['full_batch_seconds']:.0f})"]) + " |")
         lines.append("")
-    lines += ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",
-              "|---|---|---|"]
-    for c in meta["servers"]:
-        curve = c.get("cost_curve") or {}
-        points = ", ".join(f"M={m}: {curve[m] * 1000:.0f}" for m in sorted(curve, key=int)) or "–"
-        label = c["label"] if repeats == 1 else f"{c['label']} (round {c['round']})"
-        lines.append(f"| {label} | {c.get('max_batch') or '–'} | {points} |")
-    lines.append("")
+    lines += servers_table(meta["servers"], repeats) + [""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     lines += [

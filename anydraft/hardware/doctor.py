@@ -11,6 +11,7 @@ from .machine import this_machine
 
 LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
 LLAMACPP_COPY = "llama.cpp copy"
+SERVER_ROWS = profile.MAX_AUTO_BATCH  # the most rows a server's target scores with `--max-batch auto`
 
 
 def copy_path(kind: str) -> str:
@@ -39,25 +40,34 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
     for spec, role in models.items():
         curves = profile.curves(spec, "torch", profile.torch_paths(spec, device, compile), device,
                                 progress, remeasure)[0]
-        best = profile.fastest(curves)
+        best, serving = profile.fastest(curves), profile.fastest(curves, SERVER_ROWS)
         paths = {f"torch {d}": c for d, c in curves.items()}
         llama = _llamacpp_curve(spec, remeasure, progress)
         if llama is not None:
             paths[LLAMACPP] = llama
-        as_target, as_drafter = (
-            LLAMACPP if llama and profile.prefer_llamacpp(as_role, llama, curves[best]) else f"torch {best}"
-            for as_role in ("target", "drafter"))
+        as_target, as_drafter, as_server = (
+            LLAMACPP if llama and profile.prefer_llamacpp(as_role, llama, curves[path], rows, path)
+            else f"torch {path}"
+            for as_role, path, rows in (("target", best, 1), ("drafter", best, 1), ("target", serving, SERVER_ROWS)))
         copies = quantized(spec, quantize, remeasure, progress) if llama is not None else {}
         paths.update({copy_path(kind): curve for kind, (_, curve) in copies.items()})
         out["models"][spec] = {
             "curves_ms": {path: {m: round(s * 1e3, 2) for m, s in c.items()} for path, c in paths.items()},
             "tokens_per_s": {path: round(profile.rate(c), 2) for path, c in paths.items()},
+            # a server's rows (`--max-batch auto`) and their tokens/s: B one-token rows a call
+            "served": {path: dict(zip(("rows", "tokens_per_s"), _served(path, c), strict=True))
+                       for path, c in paths.items()},
             "dtype_auto": best,
-            "backend_auto": {"target": as_target, "drafter": as_drafter},
+            "backend_auto": {"target": as_target, "drafter": as_drafter, "server": as_server},
             "copies": {kind: path for kind, (path, _) in copies.items()},
             "role": role,
         }
     return out
+
+
+def _served(path: str, curve: dict) -> tuple[int, float]:
+    rows, tokens_per_s = profile.served(curve, SERVER_ROWS, profile.batches(path))
+    return rows, round(tokens_per_s, 2)
 
 
 def quantized(spec: str, kinds, remeasure: bool, progress) -> dict[str, tuple[str, dict]]:
@@ -98,18 +108,23 @@ def print_report(data: dict) -> None:
     print("\n".join(data["machine"]))
     print(f"device: {data['device']} (torch models; llama.cpp runs on the CPU)")
     for spec, m in data["models"].items():
-        sizes = next(iter(m["curves_ms"].values())).keys()
+        # curves cached before a size was added lack it
+        sizes = sorted({int(s) for curve in m["curves_ms"].values() for s in curve})
         print(f"\n{spec}: ms to score M tokens in one call after {profile.CONTEXT} tokens")
-        print("| path | " + " | ".join(f"M={s}" for s in sizes) + " | best tokens/s |")
-        print("|---|" + "---|" * (len(sizes) + 1))
+        print("| path | " + " | ".join(f"M={s}" for s in sizes) + " | best tokens/s | served: rows, tokens/s |")
+        print("|---|" + "---|" * (len(sizes) + 2))
         for path, curve in m["curves_ms"].items():
-            print(f"| {path} | " + " | ".join(f"{v:.1f}" for v in curve.values())
-                  + f" | {m['tokens_per_s'][path]:.1f} |")
+            curve = {int(s): v for s, v in curve.items()}
+            served = m["served"][path]
+            print(f"| {path} | " + " | ".join(f"{curve[s]:.1f}" if s in curve else "–" for s in sizes)
+                  + f" | {m['tokens_per_s'][path]:.1f} | {served['rows']}, {served['tokens_per_s']:.1f} |")
         print(f"dtype auto -> {m['dtype_auto']}: the most expected tokens per second at the prior "
               "acceptance (0.5 per token), over plain and speculative steps")
         auto = m["backend_auto"]
         print(f"backend auto -> as a target: {auto['target']} (the same rule); as a drafter: "
-              f"{auto['drafter']} (the cheaper one-token step)")
+              f"{auto['drafter']} (the cheaper one-token step); as a server's target: "
+              f"{auto['server']} (the most throughput per unit of step latency at the rows "
+              f"`--max-batch auto` takes, up to {SERVER_ROWS}: served)")
         if m["copies"]:
             print(advice(spec, m, m["role"]))
 

@@ -14,10 +14,14 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..models import catalog
 from .machine import Machine, this_machine
 
-SIZES = (1, 2, 5, 9, 17, 33)  # tokens scored in one call
+# tokens scored in one call: each size up to 5, where short drafts and small batches score and a
+# steep curve bends (llama.cpp: 3 tokens cost more than the line from 2 to 5 says), then sparser
+SIZES = (1, 2, 3, 4, 5, 9, 17, 33)
 CONTEXT = 200  # tokens already in the cache, as in a short chat
 REPEATS = 3  # median of this many calls per size (these machines are noisy)
 # other processes using more than this share of all cores make the machine busy
@@ -135,17 +139,47 @@ def max_batch(costs: dict[int, float], limit: int) -> int:
     between the knee before the curve steepens. ``costs`` maps B (or, for the one-sequence
     curve, tokens scored, taken as B rows x 1 token) to seconds and holds B = 1; read linearly
     between the sizes given, flat past the last; a tie goes to fewer rows."""
-    import numpy as np
-
-    sizes = sorted(costs)
     rows = np.arange(1, limit + 1)
-    cost = np.interp(rows, sizes, [costs[b] for b in sizes])
-    return int(np.argmax(rows / cost**2)) + 1
+    return int(np.argmax(rows / _cost(costs, rows) ** 2)) + 1
 
 
-def fastest(curves: dict[str, dict[int, float]]) -> str:
-    """The path whose curve has the best `rate`."""
-    return max(curves, key=lambda path: rate(curves[path]))
+def _cost(costs: dict[int, float], rows):
+    """T at ``rows`` (a number or an array): linear between the sizes measured, flat past the last."""
+    sizes = sorted(costs)
+    return np.interp(rows, sizes, [costs[b] for b in sizes])
+
+
+def served(curve: dict[int, float], rows: int, batches: bool = True) -> tuple[int, float]:
+    """``(B, tokens/s)``: the rows of up to ``rows`` that `--max-batch auto` takes (1 where the
+    path cannot batch), and what a call of B one-token rows yields, B / T(B)."""
+    b = max_batch(curve, rows if batches else 1)
+    return b, b / float(_cost(curve, b))
+
+
+def worth(curve: dict[int, float], rows: int = 1, batches: bool = True) -> float:
+    """What ``auto`` ranks a target's paths by, for a target that scores up to ``rows``
+    sequences in one call. One (`generate`; a server of one row): `rate`, its plain and
+    speculative steps. More (a server): the throughput per unit of step latency of the rows
+    `--max-batch auto` would take, B / T(B)^2 at B = `max_batch` (1 where the path cannot
+    batch, ``batches`` False): a path whose curve stays flat over many rows serves more
+    clients without slowing each one's step, even where another path runs one sequence
+    faster (docs/server.md). Only paths ranked for the same ``rows`` compare."""
+    if rows == 1:
+        return rate(curve)
+    b, tokens_per_s = served(curve, rows, batches)
+    return tokens_per_s**2 / b  # B / T(B)^2
+
+
+def batches(path: str) -> bool:
+    """Whether a torch path scores rows in one call (a compiled static cache holds one)."""
+    from ..models.static import SUFFIX
+
+    return not path.endswith(SUFFIX)
+
+
+def fastest(curves: dict[str, dict[int, float]], rows: int = 1) -> str:
+    """The torch path ``auto`` takes for a target of up to ``rows`` rows a call (`worth`)."""
+    return max(curves, key=lambda path: worth(curves[path], rows, batches(path)))
 
 
 def candidates(device: str) -> tuple[str, ...]:
@@ -186,11 +220,11 @@ def torch_paths(spec: str, device: str, compile: bool = False) -> tuple[str, ...
 
 
 def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu", progress=None,
-           remeasure: bool = False) -> tuple[dict, object]:
-    """``({path: curve}, the fastest path's LoadedModel or None)`` for ``spec`` on ``backend``:
+           remeasure: bool = False, rows: int = 1) -> tuple[dict, object]:
+    """``({path: curve}, the best path's LoadedModel or None)`` for ``spec`` on ``backend``:
     cached curves where there are any, the others measured one model at a time (a few models
-    of a few GB each would not fit in memory together). The fastest model stays loaded when
-    this call loaded it, so it is not loaded twice."""
+    of a few GB each would not fit in memory together). The best model (`fastest` for
+    ``rows``) stays loaded when this call loaded it, so it is not loaded twice."""
     from ..models.backends import load
 
     found, keep = {}, None
@@ -201,10 +235,10 @@ def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu",
             continue
         model = load(spec, backend, dtype=path, device=device)
         found.update(_measure_and_save(spec, backend, device, {path: model}, progress))
-        if fastest(found) == path:
+        if fastest(found, rows) == path:
             keep = model
         del model  # a slower model goes before the next one loads
-    best = fastest(found)
+    best = fastest(found, rows)
     return {p: found[p] for p in paths}, (keep if keep is not None and keep.dtype == best else None)
 
 
@@ -233,14 +267,15 @@ def _measure_and_save(spec: str, backend: str, device: str, models: dict, progre
     return found
 
 
-def choose_dtype(spec: str, device: str = "cpu", progress=None):
+def choose_dtype(spec: str, device: str = "cpu", progress=None, rows: int = 1):
     """``(path, model or None, {path: curve})`` for ``dtype="auto"``: the dtype and kernels whose
-    measured curve gives the most expected tokens per second (`rate`). The model is returned
+    measured curve is worth the most (`worth`: expected tokens per second, or for a server of
+    up to ``rows`` rows a call, throughput per unit of step latency). The model is returned
     when the choice loaded it (so it is not loaded twice)."""
-    found, model = curves(spec, "torch", torch_paths(spec, device), device, progress)
-    best = fastest(found)
+    found, model = curves(spec, "torch", torch_paths(spec, device), device, progress, rows=rows)
+    best = fastest(found, rows)
     if progress:
-        progress(f"dtype auto: {spec} in {best} ({explain(found)})")
+        progress(f"dtype auto: {spec} in {best}{_for(rows)} ({explain(found)})")
     return best, (model.model if model is not None else None), found
 
 
@@ -255,33 +290,43 @@ def llamacpp_runs(spec: str) -> bool:
     return importlib.util.find_spec("llama_cpp") is not None and resolve(spec).gguf_file is not None
 
 
-def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float]) -> bool:
-    """Whether llama.cpp's curve beats torch's for a model in ``role``: a target by `rate` (its
-    plain and speculative steps), a drafter by its one-token step (it drafts one per pass)."""
+def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float], rows: int = 1,
+                    torch_path: str = "") -> bool:
+    """Whether llama.cpp's curve beats torch's (on ``torch_path``) for a model in ``role``: a
+    target by `worth` (one sequence: its plain and speculative steps; up to ``rows`` rows a
+    call: throughput per unit of step latency), a drafter by its one-token step (it drafts
+    one per pass)."""
     if role == "target":
-        return rate(llama) > rate(torch)
+        return worth(llama, rows) > worth(torch, rows, batches(torch_path))
     return llama[1] < torch[1]
 
 
-def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", progress=None):
+def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", progress=None,
+                   rows: int = 1):
     """``(backend, dtype, model or None)`` for ``backend="auto"``: llama.cpp (the GGUF as it
-    is, quantized) or PyTorch in ``dtype`` (``"auto"``: its fastest path), whichever the
-    measured curves favour (`prefer_llamacpp`). The torch model is returned when the choice
-    loaded it."""
+    is, quantized) or PyTorch in ``dtype`` (``"auto"``: its best path), whichever the measured
+    curves favour (`prefer_llamacpp`; a target for up to ``rows`` rows a call). The torch
+    model is returned when the choice loaded it."""
     if not llamacpp_runs(spec):
         return "torch", dtype, None
+    rows = rows if role == "target" else 1
     if dtype == "auto":
-        dtype, model, torch_curves = choose_dtype(spec, device, progress)
+        dtype, model, torch_curves = choose_dtype(spec, device, progress, rows)
         torch_curve = torch_curves[dtype]
     else:
         found, loaded = curves(spec, "torch", (dtype,), device, progress)
         torch_curve, model = found[dtype], (loaded.model if loaded is not None else None)
     llama_curve = curves(spec, "llamacpp", ("gguf",), "cpu", progress)[0]["gguf"]
-    llama = prefer_llamacpp(role, llama_curve, torch_curve)
+    llama = prefer_llamacpp(role, llama_curve, torch_curve, rows, dtype)
     if progress:
-        progress(f"backend auto: {spec} as {role} on {'llama.cpp' if llama else 'torch ' + dtype} "
+        progress(f"backend auto: {spec} as {role}{_for(rows)} on "
+                 f"{'llama.cpp' if llama else 'torch ' + dtype} "
                  f"({explain({'llama.cpp': llama_curve, f'torch {dtype}': torch_curve})})")
     return ("llamacpp", "", None) if llama else ("torch", dtype, model)
+
+
+def _for(rows: int) -> str:
+    return "" if rows == 1 else f" of a server of up to {rows} rows a call (by throughput per step latency)"
 
 
 def explain(curves: dict[str, dict[int, float]]) -> str:

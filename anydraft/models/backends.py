@@ -109,14 +109,16 @@ class LoadedModel:
 
 
 def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str = "auto",
-         progress=None, role: str = "target") -> LoadedModel:
+         progress=None, role: str = "target", rows: int = 1) -> LoadedModel:
     """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
 
     ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion) and runs it on
     the CPU whatever ``device`` says; ``dtype`` and ``device`` (`resolve_device`) apply to the
     torch backend: ``dtype="auto"`` measures the candidates on this machine (once, cached) and
     keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise measures llama.cpp
-    against torch for the ``role`` ("target" or "drafter") the model plays.
+    against torch for the ``role`` ("target" or "drafter") the model plays. A target that will
+    score up to ``rows`` sequences in one call (a server's batch) gets the path that serves
+    that many best (`profile.worth`).
     """
     check_backend(backend)
     device = resolve_device(device)
@@ -124,7 +126,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
     if backend == AUTO and isinstance(spec, str):
         from ..hardware.profile import choose_backend
 
-        backend, dtype, model = choose_backend(spec, role, dtype, device, progress)
+        backend, dtype, model = choose_backend(spec, role, dtype, device, progress, rows)
     if not isinstance(spec, str):
         if tokenizer is None:
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
@@ -145,7 +147,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         if model is None and parse_dtype(dtype, allow_auto=True) == AUTO:
             from ..hardware.profile import choose_dtype
 
-            dtype, model = choose_dtype(spec, device, progress)[:2]
+            dtype, model = choose_dtype(spec, device, progress, rows)[:2]
         if model is None:
             model = load_model(spec, dtype=dtype, device=device, progress=progress)
         check_rollback(model)  # at load, not at the first request

@@ -18,7 +18,7 @@ def build_decoders(args) -> list:
     from ..options import decoder_options
     from .app import public_name
 
-    first = Decoder(**decoder_options(args))
+    first = Decoder(**decoder_options(args), rows=target_rows(args))
     # names appear in error messages sent to clients: no local paths in them
     first.target.name = public_name(first.target.name)
     if first.drafter is not None:
@@ -99,6 +99,14 @@ def save_stats(decoders: list, path: str) -> None:
         progress(f"stats: could not write {path}: {exc}")
         return
     progress(f"stats: wrote {path} ({observations(dec.estimates)} observations)")
+
+
+def target_rows(args) -> int:
+    """The most rows the server's target may score in one call, for an `auto` backend or dtype
+    to choose its path by: ``--max-batch``, or the most ``auto`` takes; 1 with several workers."""
+    if args.max_concurrency > 1:
+        return 1
+    return MAX_AUTO_BATCH if args.max_batch == "auto" else args.max_batch
 
 
 def choose_max_batch(decoder, args) -> int:

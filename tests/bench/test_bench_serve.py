@@ -4,6 +4,7 @@ the server tests use (no download, no skip), two configurations at concurrency 1
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -111,7 +112,22 @@ def test_repeats_run_the_configurations_in_turn(model_dir, dataset, tmp_path, mo
     summary = (out / "summary.md").read_text()
     assert "- rounds: 2" in summary and "## Each round" in summary
     assert sum(line.startswith(("| a | 1 | ", "| b | 1 | ")) for line in summary.splitlines()) == 6
-    assert "| b (round 2) |" in summary
+    servers = summary.split("## The servers")[1].split("\n## ")[0]
+    listed = re.findall(r"^\| (\w+) \(rounds? ([\d, ]+)\) \|", servers, re.M)
+    # each server once, the rounds whose servers had the same max batch and curve on one row
+    assert sorted((label, r) for label, rs in listed for r in rs.split(", ")) == [
+        ("a", "1"), ("a", "2"), ("b", "1"), ("b", "2")]
+
+
+def test_servers_table_lists_rounds_with_the_same_server_once():
+    from anydraft.bench.serve import servers_table
+
+    curve = {"1": 0.1, "2": 0.15}
+    # round 2's server chose another max batch
+    servers = [{"label": "a", "round": r, "max_batch": b, "cost_curve": curve} for r, b in ((1, 4), (2, 5), (3, 4))]
+    rows = [line for line in servers_table(servers, repeats=3) if line.startswith("| a")]
+    assert rows == ["| a (rounds 1, 3) | 4 | M=1: 100, M=2: 150 |", "| a (round 2) | 5 | M=1: 100, M=2: 150 |"]
+    assert servers_table(servers[:1], repeats=1)[-1] == "| a | 4 | M=1: 100, M=2: 150 |"
 
 
 def test_medians_sum_counts_and_take_the_median_of_each_rounds_ratio():

@@ -129,14 +129,37 @@ def test_llamacpp_wins_a_target_by_rate_and_a_drafter_by_its_one_token_step():
     assert not profile.prefer_llamacpp("drafter", {1: 0.05, 9: 0.06}, {1: 0.03, 9: 0.2})
 
 
-@pytest.mark.parametrize("llama, want", [(LLAMA, "llamacpp"), ({1: 0.9, 5: 4.0, 9: 8.0}, "torch")])
-def test_auto_backend_follows_the_measured_curves(llama, want, monkeypatch):
-    found = {"float32+onednn": ONEDNN, "gguf": llama}
+# Qwen2.5-Coder-1.5B on an Intel Xeon with AMX, 2 cores (2026-12-03): llama.cpp runs one
+# sequence faster, PyTorch bfloat16 on oneDNN scores 16 rows for little more than one
+AMX_LLAMA = {1: 0.058, 2: 0.111, 5: 0.143, 9: 0.221, 17: 0.301, 33: 0.476}
+AMX_BF16 = {1: 0.144, 2: 0.172, 5: 0.153, 9: 0.153, 17: 0.174, 33: 0.229}
+
+
+def test_a_server_target_is_ranked_by_throughput_per_step_latency():
+    assert profile.served(AMX_LLAMA, 16) == (1, pytest.approx(1 / 0.058))  # steep: one row
+    rows, tokens_per_s = profile.served(AMX_BF16, 16)
+    assert rows == 16 and tokens_per_s == pytest.approx(16 / (0.153 + 7 * 0.021 / 8))
+    assert profile.served(AMX_BF16, 16, batches=False) == (1, pytest.approx(1 / 0.144))
+    assert profile.worth(AMX_BF16, 16) == pytest.approx(tokens_per_s**2 / 16)  # B / T(B)^2
+    assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16)  # one sequence: llama.cpp
+    assert not profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16, rows=16)  # a server: torch
+    # a compiled torch path scores one row a call: llama.cpp's single row is faster
+    assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16, rows=16, torch_path="bfloat16+compile")
+    assert profile.prefer_llamacpp("drafter", AMX_LLAMA, AMX_BF16, rows=16)  # rows: targets only
+    steep_fast = {1: 0.05, 2: 0.095, 5: 0.225, 9: 0.40, 17: 0.75, 33: 1.45}
+    curves = {"float32": steep_fast, "bfloat16": AMX_BF16}
+    assert profile.fastest(curves) == "float32" and profile.fastest(curves, 16) == "bfloat16"
+
+
+@pytest.mark.parametrize("llama, rows, want", [(LLAMA, 1, "llamacpp"), ({1: 0.9, 5: 4.0, 9: 8.0}, 1, "torch"),
+                                               (AMX_LLAMA, 1, "llamacpp"), (AMX_LLAMA, 16, "torch")])
+def test_auto_backend_follows_the_measured_curves(llama, rows, want, monkeypatch):
+    found = {"float32+onednn": AMX_BF16 if llama is AMX_LLAMA else ONEDNN, "gguf": llama}
     monkeypatch.setattr(profile, "llamacpp_runs", lambda spec: True)
     monkeypatch.setattr(profile, "candidates", lambda device: ("float32+onednn",))
     monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
     monkeypatch.setattr(profile, "cached", lambda key: found[key])
-    backend, dtype, model = profile.choose_backend("any.gguf", "target")
+    backend, dtype, model = profile.choose_backend("any.gguf", "target", rows=rows)
     assert (backend, model) == (want, None)
     assert dtype == ("" if want == "llamacpp" else "float32+onednn")
 

@@ -112,6 +112,32 @@ def test_auto_max_batch_from_the_cost_curve(monkeypatch, curve, rows):
     assert choose_max_batch(decoder, args) == 1
 
 
+def test_the_target_path_is_chosen_for_the_rows_the_server_may_batch(monkeypatch):
+    from types import SimpleNamespace
+
+    import anydraft.decoder
+    from anydraft.server import workers
+
+    args = SimpleNamespace(max_batch="auto", max_concurrency=1)
+    assert workers.target_rows(args) == workers.MAX_AUTO_BATCH
+    assert workers.target_rows(SimpleNamespace(max_batch=4, max_concurrency=1)) == 4
+    assert workers.target_rows(SimpleNamespace(max_batch="auto", max_concurrency=2)) == 1
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def decoder(**kwargs):
+        seen.append(kwargs["rows"])
+        raise Stop
+
+    monkeypatch.setattr(anydraft.decoder, "Decoder", decoder)
+    monkeypatch.setattr("anydraft.options.decoder_options", lambda a: {})
+    with pytest.raises(Stop):
+        workers.build_decoders(args)
+    assert seen == [workers.MAX_AUTO_BATCH]
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
 def test_the_thread_that_loads_the_models_lets_its_openmp_threads_go():
     """`build_workers` ends with `release_openmp_threads`: the OpenMP threads that a model call
