@@ -444,19 +444,20 @@ def _times(v) -> str:
 
 
 def servers_table(servers: list[dict], repeats: int) -> list[str]:
-    """"The servers": each configuration's max batch and target cost curve, one row for the
-    rounds whose servers had the same ones."""
-    rows = {}  # (config, max batch, curve) -> those rounds
+    """"The servers": each configuration's target path, max batch and target cost curve, one
+    row for the rounds whose servers had the same ones."""
+    rows = {}  # (config, target path, max batch, curve) -> those rounds
     for c in servers:
         curve = c.get("cost_curve") or {}
         points = ", ".join(f"M={m}: {curve[m] * 1000:.0f}" for m in sorted(curve, key=int)) or "–"
-        rows.setdefault((c["label"], c.get("max_batch") or "–", points), []).append(str(c["round"]))
-    lines = ["## The servers", "", "| config | max batch | target cost curve, ms to score M tokens |",
-             "|---|---|---|"]
-    for (label, max_batch, points), rounds in rows.items():
+        key = (c["label"], c.get("target_path") or "–", c.get("max_batch") or "–", points)
+        rows.setdefault(key, []).append(str(c["round"]))
+    lines = ["## The servers", "", "| config | target runs on | max batch | target cost curve, ms to "
+             "score M tokens |", "|---|---|---|---|"]
+    for (label, path, max_batch, points), rounds in rows.items():
         if repeats > 1:
             label += f" (round{'s' * (len(rounds) > 1)} {', '.join(rounds)})"
-        lines.append(f"| {label} | {max_batch} | {points} |")
+        lines.append(f"| {label} | {path} | {max_batch} | {points} |")
     return lines
 
 
@@ -608,7 +609,8 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
         server = ServerProcess(cmd, out / f"server-{name}.log")
         try:
             health = server.wait_ready(base, args.startup_timeout, config.label)
-            servers[-1].update(max_batch=health.get("max_batch"), cost_curve=health.get("cost_curve"))
+            servers[-1].update(max_batch=health.get("max_batch"), cost_curve=health.get("cost_curve"),
+                               target_path=health.get("target_path"))
             if not args.no_warmup:  # first-request costs (allocations, lazy imports) untimed
                 row = asyncio.run(run_level(base, [request_body(prompts[0]["prompt"], args, args.seed)],
                                             1, None, args.seed, lambda r: None))[0][0]

@@ -63,6 +63,7 @@ def test_bench_serve_end_to_end(model_dir, dataset, tmp_path, monkeypatch, capsy
     assert all(lv["full_batch"] > 0 and lv["full_batch_seconds"] > 0 and lv["full_batch_vs_c1"] == 1
                for lv in data["levels"] if lv["concurrency"] == 1)
     assert all(isinstance(c["max_batch"], int) and isinstance(c["cost_curve"], dict) for c in configs.values())
+    assert all(c["target_path"] == "torch float32" for c in configs.values())
     by_config = {lv["config"]: lv for lv in data["levels"] if lv["concurrency"] == 1}
     assert by_config["plain"]["tokens_per_target_call"] == pytest.approx(1.0)
     assert by_config["sd"]["tokens_per_target_call"] > 1  # speculative steps did happen
@@ -124,10 +125,12 @@ def test_servers_table_lists_rounds_with_the_same_server_once():
 
     curve = {"1": 0.1, "2": 0.15}
     # round 2's server chose another max batch
-    servers = [{"label": "a", "round": r, "max_batch": b, "cost_curve": curve} for r, b in ((1, 4), (2, 5), (3, 4))]
+    servers = [{"label": "a", "round": r, "max_batch": b, "cost_curve": curve, "target_path": "torch bfloat16"}
+               for r, b in ((1, 4), (2, 5), (3, 4))]
     rows = [line for line in servers_table(servers, repeats=3) if line.startswith("| a")]
-    assert rows == ["| a (rounds 1, 3) | 4 | M=1: 100, M=2: 150 |", "| a (round 2) | 5 | M=1: 100, M=2: 150 |"]
-    assert servers_table(servers[:1], repeats=1)[-1] == "| a | 4 | M=1: 100, M=2: 150 |"
+    assert rows == ["| a (rounds 1, 3) | torch bfloat16 | 4 | M=1: 100, M=2: 150 |",
+                    "| a (round 2) | torch bfloat16 | 5 | M=1: 100, M=2: 150 |"]
+    assert servers_table(servers[:1], repeats=1)[-1] == "| a | torch bfloat16 | 4 | M=1: 100, M=2: 150 |"
 
 
 def test_medians_sum_counts_and_take_the_median_of_each_rounds_ratio():

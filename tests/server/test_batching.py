@@ -36,7 +36,8 @@ def stream(base: str, prompt: str, max_tokens: int, chunks: list | None = None) 
 
 
 def test_health_reports_max_batch(batched_server, server):
-    assert httpx.get(batched_server.base + "/health").json()["max_batch"] == 4
+    health = httpx.get(batched_server.base + "/health").json()
+    assert health["max_batch"] == 4 and health["target_path"].startswith("torch ")
     # auto: two workers share the cores, so each runs one generation at a time
     assert httpx.get(server.base + "/health").json()["max_batch"] == 1
 
