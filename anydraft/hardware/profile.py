@@ -14,8 +14,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ..models import catalog
 from .machine import Machine, this_machine
 
@@ -139,12 +137,16 @@ def max_batch(costs: dict[int, float], limit: int) -> int:
     between the knee before the curve steepens. ``costs`` maps B (or, for the one-sequence
     curve, tokens scored, taken as B rows x 1 token) to seconds and holds B = 1; read linearly
     between the sizes given, flat past the last; a tie goes to fewer rows."""
+    import numpy as np  # not at import: the command line starts without it
+
     rows = np.arange(1, limit + 1)
     return int(np.argmax(rows / _cost(costs, rows) ** 2)) + 1
 
 
 def _cost(costs: dict[int, float], rows):
     """T at ``rows`` (a number or an array): linear between the sizes measured, flat past the last."""
+    import numpy as np
+
     sizes = sorted(costs)
     return np.interp(rows, sizes, [costs[b] for b in sizes])
 
