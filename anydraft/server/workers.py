@@ -103,10 +103,11 @@ def save_stats(decoders: list, path: str) -> None:
 
 def target_rows(args) -> int:
     """The most rows the server's target may score in one call, for an `auto` backend or dtype
-    to choose its path by: ``--max-batch``, or the most ``auto`` takes; 1 with several workers."""
-    if args.max_concurrency > 1:
-        return 1
-    return MAX_AUTO_BATCH if args.max_batch == "auto" else args.max_batch
+    to choose its path by (and `choose_max_batch` to choose within): ``--max-batch``, else
+    the most ``auto`` takes, 1 with several workers (they would share the cores)."""
+    if args.max_batch != "auto":
+        return args.max_batch
+    return 1 if args.max_concurrency > 1 else MAX_AUTO_BATCH
 
 
 def choose_max_batch(decoder, args) -> int:
@@ -117,12 +118,12 @@ def choose_max_batch(decoder, args) -> int:
     requests queue as without batching. Also 1 with several workers (they would share the
     cores) and for a backend that cannot batch. `anydraft doctor --batch` measures the batched
     calls themselves and says what this rule would choose from them."""
-    if args.max_batch != "auto":
-        return args.max_batch
-    target = decoder.target
-    if args.max_concurrency > 1 or not target.batches:
+    rows, target = target_rows(args), decoder.target
+    if args.max_batch != "auto" or rows == 1:
+        return rows
+    if not target.batches:
         return 1
     from ..hardware.profile import curve_of, max_batch
     from ..options import progress
 
-    return max_batch(curve_of(args.target, target, target.backend, progress=progress), MAX_AUTO_BATCH)
+    return max_batch(curve_of(args.target, target, target.backend, progress=progress), rows)

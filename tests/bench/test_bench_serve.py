@@ -115,7 +115,7 @@ def test_repeats_run_the_configurations_in_turn(model_dir, dataset, tmp_path, mo
     assert sum(line.startswith(("| a | 1 | ", "| b | 1 | ")) for line in summary.splitlines()) == 6
     servers = summary.split("## The servers")[1].split("\n## ")[0]
     listed = re.findall(r"^\| (\w+) \(rounds? ([\d, ]+)\) \|", servers, re.M)
-    # each server once, the rounds whose servers had the same max batch and curve on one row
+    # each server once, the rounds whose servers had the same path, max batch and curve on one row
     assert sorted((label, r) for label, rs in listed for r in rs.split(", ")) == [
         ("a", "1"), ("a", "2"), ("b", "1"), ("b", "2")]
 

@@ -123,6 +123,8 @@ def test_the_target_path_is_chosen_for_the_rows_the_server_may_batch(monkeypatch
     assert workers.target_rows(args) == workers.MAX_AUTO_BATCH
     assert workers.target_rows(SimpleNamespace(max_batch=4, max_concurrency=1)) == 4
     assert workers.target_rows(SimpleNamespace(max_batch="auto", max_concurrency=2)) == 1
+    # as `choose_max_batch`: a --max-batch given is each worker's rows, however many workers
+    assert workers.target_rows(SimpleNamespace(max_batch=4, max_concurrency=2)) == 4
     seen = []
 
     class Stop(Exception):
