@@ -28,8 +28,11 @@ def register(sub) -> None:
     b.add_argument("--methods", default=None,
                    help="comma list of ar, lookup, sd, slem, tli, slrs, auto (ar is always run: "
                         "speedups divide by it; lookup needs no drafter); default ar,auto")
-    b.add_argument("--baseline", choices=["hf"], default=None,
-                   help="hf: add transformers' assisted generation on the same pair (method `hf`)")
+    b.add_argument("--baseline", default=None,
+                   help="comma list: hf (transformers' assisted generation on the same pair), "
+                        "llama-server (llama.cpp's own server on the target's GGUF file, the same "
+                        "prompt tokens, threads and context; greedy; built once into the cache when "
+                        "not on PATH or in $ANYDRAFT_LLAMA_SERVER)")
     b.add_argument("--dataset", default="builtin",
                    help="builtin | spec-bench (../shared/data/spec_bench_questions.jsonl) | PATH.jsonl")
     b.add_argument("--categories", default=None, help="comma list: only these categories")
@@ -64,7 +67,7 @@ def settings_from_args(args):
     from ..errors import AnydraftError
     from ..models.backends import check_target_device
     from ..models.loading import parse_dtype, resolve_device
-    from .runner import BenchSettings, parse_backends, parse_methods
+    from .runner import BASELINES, BenchSettings, parse_backends, parse_methods
 
     if args.n < 1:
         raise AnydraftError(f"--n must be >= 1 (prompts per category), got {args.n}")
@@ -73,7 +76,14 @@ def settings_from_args(args):
     if args.max_new_tokens < 1:
         raise AnydraftError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     draft, sampling = draft_config(args), sampling_params(args)
-    if args.baseline == "hf" and not args.drafter:
+    baselines = [b.strip() for b in (args.baseline or "").split(",") if b.strip()]
+    for b in baselines:
+        if b not in BASELINES:
+            raise AnydraftError(f"unknown --baseline {b!r}: choose from {', '.join(BASELINES)}")
+    if "llama-server" in baselines and not sampling.greedy:
+        raise AnydraftError("--baseline llama-server compares greedy decoding (its output must "
+                            "equal plain decoding's): drop --temperature, or set it to 0")
+    if "hf" in baselines and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
     target_backends = parse_backends(args.target_backend, "--target-backend")
     if args.drafter_backend is not None and not args.drafter:
@@ -90,7 +100,8 @@ def settings_from_args(args):
     drafters = list(dict.fromkeys(args.drafter))
     return BenchSettings(
         target=args.target, drafters=drafters, methods=methods, target_backends=target_backends,
-        drafter_backends=drafter_backends, baseline_hf=args.baseline == "hf",
+        drafter_backends=drafter_backends, baseline_hf="hf" in baselines,
+        baseline_llama_server="llama-server" in baselines,
         max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=device, draft=draft,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
@@ -107,7 +118,7 @@ def cmd_bench(args) -> int:
     from ..errors import AnydraftError
     from .datasets import load_dataset
     from .report import build_meta, labeller, mismatches, write_results, write_summary
-    from .runner import run_bench
+    from .runner import BASELINES, run_bench
 
     settings = settings_from_args(args)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
@@ -141,7 +152,7 @@ def cmd_bench(args) -> int:
     else:
         print(summary.read_text(encoding="utf-8"))
         say(f"wrote {results}, {summary}" + "".join(f", {out / p}" for p in plots))
-    bad = [r for r in mismatches(rows) if r["method"] != "hf"]
+    bad = [r for r in mismatches(rows) if r["method"] not in BASELINES]
     if bad:
         name = labeller(rows)
         print(f"anydraft bench: GREEDY MISMATCH in {len(bad)} run(s): "

@@ -57,7 +57,9 @@ class HFAssisted:
             return "assisted (same tokenizer)"
         return "universal assisted (tokenizer + assistant_tokenizer)"
 
-    def generate(self, ids: list[int], max_new_tokens: int, params, eos_ids) -> tuple[list[int], float]:
+    def generate(self, ids: list[int], max_new_tokens: int, params, eos_ids) -> tuple[list[int], float, None]:
+        """The new tokens, the seconds they took, and None: transformers does not time the
+        prompt read apart."""
         import torch
         from transformers import GenerationConfig
 
@@ -90,4 +92,4 @@ class HFAssisted:
             if t in eos_ids:
                 new = new[: i + 1]
                 break
-        return new, seconds
+        return new, seconds, None

@@ -15,13 +15,17 @@ from .runner import backend_sides, label, median
 
 # speedup_vs_ar, decode_speedup_vs_ar (after the target's first call, which takes prefill_seconds),
 # cost_ratio and identical_to_ar compare with AR on the row's own target backend;
-# speedup_vs_torch_ar with AR on torch (None without a torch target); *_backend: torch | llamacpp
+# speedup_vs_fastest_plain with the plain decoding that ran fastest (meta settings.fastest_plain:
+# AR on some target backend, or llama-server); speedup_vs_llama_server and
+# decode_speedup_vs_llama_server with llama.cpp's own server (None without --baseline llama-server);
+# *_backend: torch | llamacpp
 # (drafter_backend None without a drafter); mismatch_at / mismatch_margin: for a greedy run that
 # differs from AR, the first differing new token and the target's logit margin there (runner.divergence)
 ROW_KEYS = (
     "prompt_id", "category", "method", "drafter", "target_backend", "drafter_backend", "new_tokens",
     "seconds", "prefill_seconds", "tokens_per_s", "speedup_vs_ar", "decode_speedup_vs_ar",
-    "speedup_vs_torch_ar", "speedup_vs_hf",
+    "speedup_vs_fastest_plain", "speedup_vs_llama_server", "decode_speedup_vs_llama_server",
+    "speedup_vs_hf",
     "acceptance", "acceptance_per_token", "mean_accepted", "draft_seconds", "target_seconds",
     "translate_seconds", "cost_ratio", "bound", "identical_to_ar", "mismatch_at", "mismatch_margin",
 )
@@ -90,8 +94,14 @@ def labeller(rows: list[dict]) -> Callable[[dict], str]:
     return lambda r: label(r["method"], r["drafter"], r["target_backend"], r["drafter_backend"], sides)
 
 
-def several_targets(rows: list[dict]) -> bool:
-    return len({r["target_backend"] for r in rows}) > 1
+def several_plain(rows: list[dict]) -> bool:
+    """Whether more than one plain decoding ran (AR on several target backends, llama-server)."""
+    return len({(r["method"], r["target_backend"]) for r in rows
+                if r["method"] in ("ar", "llama-server")}) > 1
+
+
+def has_server(rows: list[dict]) -> bool:
+    return any(r["method"] == "llama-server" for r in rows)
 
 
 def aggregate(rows: list[dict], k: int) -> dict:
@@ -110,7 +120,9 @@ def aggregate(rows: list[dict], k: int) -> dict:
         "tokens_per_s": median(r["tokens_per_s"] for r in rows),
         "speedup_vs_ar": median(r["speedup_vs_ar"] for r in rows),
         "decode_speedup_vs_ar": median(r["decode_speedup_vs_ar"] for r in rows),
-        "speedup_vs_torch_ar": median(r["speedup_vs_torch_ar"] for r in rows),
+        "speedup_vs_fastest_plain": median(r["speedup_vs_fastest_plain"] for r in rows),
+        "speedup_vs_llama_server": median(r["speedup_vs_llama_server"] for r in rows),
+        "decode_speedup_vs_llama_server": median(r["decode_speedup_vs_llama_server"] for r in rows),
         "speedup_vs_hf": median(r["speedup_vs_hf"] for r in rows),
         "acceptance": rate, "a": a,
         "mean_accepted": sum(r["new_tokens"] for r in rows) / calls if calls else None,
@@ -123,9 +135,10 @@ def _fmt(v, spec=".2f", suffix="") -> str:
     return "–" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _table(groups: dict, key_cols: list[str], vs_torch: bool = False) -> list[str]:
+def _table(groups: dict, key_cols: list[str], vs_fastest: bool = False, vs_server: bool = False) -> list[str]:
     head = key_cols + ["prompts", "identical to AR", "median tok/s", "speedup vs AR"]
-    head += ["speedup vs torch AR"] * vs_torch + [
+    head += ["speedup vs fastest plain"] * vs_fastest
+    head += ["speedup vs llama-server", "decode speedup vs llama-server"] * vs_server + [
         "speedup vs hf", "acceptance", "a (per token)", "tokens / target call",
         "c (draft/target step)", "decode speedup", "bound S(a,k,c)", "decode / bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -135,7 +148,9 @@ def _table(groups: dict, key_cols: list[str], vs_torch: bool = False) -> list[st
         ratio = decode / g["bound"] if g["bound"] and decode else None
         cells = list(key) + [
             str(g["prompts"]), ident, _fmt(g["tokens_per_s"], ".1f"), _fmt(g["speedup_vs_ar"], ".2f", "x"),
-        ] + [_fmt(g["speedup_vs_torch_ar"], ".2f", "x")] * vs_torch + [
+        ] + [_fmt(g["speedup_vs_fastest_plain"], ".2f", "x")] * vs_fastest + [
+            _fmt(g["speedup_vs_llama_server"], ".2f", "x"),
+            _fmt(g["decode_speedup_vs_llama_server"], ".2f", "x")] * vs_server + [
             _fmt(g["speedup_vs_hf"], ".2f", "x"),
             _fmt(g["acceptance"], ".3f"), _fmt(g["a"], ".3f"), _fmt(g["mean_accepted"], ".2f"),
             _fmt(g["c"], ".3f"), _fmt(decode, ".2f", "x"), _fmt(g["bound"], ".2f", "x"),
@@ -159,7 +174,7 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
     s = meta["settings"]
     k = s["num_draft_tokens"]
     m = meta["machine"]
-    name, vs_torch = labeller(rows), several_targets(rows)
+    name, cols = labeller(rows), (several_plain(rows), has_server(rows))
     backends = ("" if [s["target_backends"], s["drafter_backends"]] == [["torch"]] * 2 else
                 f", backends: target {','.join(s['target_backends'])}, "
                 f"drafter {','.join(s['drafter_backends'])}")
@@ -200,11 +215,13 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
                   "(transformers' own assisted generation, `hf`, shows the same). The float32 "
                   "exactness tests do not see it; a clear margin would be a bug.", ""]
     lines += ["## Per method (all prompts)", ""]
+    if cols[0]:
+        lines += [f"Fastest plain decoding here: **{s.get('fastest_plain')}**.", ""]
     lines += _table({key: aggregate(v, k) for key, v in group_rows(rows, False).items()}, ["method"],
-                    vs_torch)
+                    *cols)
     lines += ["", "## Per category and method", ""]
     lines += _table({key: aggregate(v, k) for key, v in sorted(group_rows(rows, True).items(), key=lambda kv: kv[0][0])},
-                    ["category", "method"], vs_torch)
+                    ["category", "method"], *cols)
     lines += [""]
     if meta["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in meta["notes"]] + [""]
@@ -217,8 +234,14 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         "(hf, same drafter) on the same prompt (= AR seconds / method seconds when both produce "
         "the same tokens); the median over prompts is shown.",
     ] + [
-        "- speedup vs torch AR: the same, divided by AR on the torch backend instead.",
-    ] * vs_torch + [
+        "- speedup vs fastest plain: the same, divided by the plain decoding (AR on a target "
+        "backend, or llama-server) with the highest median tokens/s in this run.",
+    ] * cols[0] + [
+        "- speedup vs llama-server: divided by llama.cpp's own server (`llama-server`) decoding "
+        "the same prompt tokens greedily on the same GGUF file, threads and context; decode "
+        "speedup vs llama-server: its decode time per token (its own `predicted_ms`) over the "
+        "method's after the first target call.",
+    ] * cols[1] + [
         "- a label's `(backend)` after the method names the target's backend, after the drafter "
         "the drafter's (shown for a side that does not run on torch only).",
     ] * bool(backends) + [

@@ -21,6 +21,10 @@ from ..models.backends import BACKENDS
 from ..sampling import SamplingParams
 from .bound import best_bound, cost_ratio, per_token_acceptance, verify_costs
 
+# rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
+# they report tokens and seconds only
+BASELINES = ("hf", "llama-server")
+
 
 @dataclass
 class BenchSettings:
@@ -30,6 +34,7 @@ class BenchSettings:
     target_backends: list[str] = field(default_factory=lambda: ["torch"])
     drafter_backends: list[str] = field(default_factory=lambda: ["torch"])
     baseline_hf: bool = False
+    baseline_llama_server: bool = False  # llama.cpp's own server on the target's GGUF (llama_server.py)
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "auto"
@@ -40,6 +45,7 @@ class BenchSettings:
     warmup: bool = True
     chat: str = "auto"  # auto | yes | no
     verify_costs: dict = field(default_factory=dict)  # target backend -> [v_1..v_k] (bound.py)
+    fastest_plain: str | None = None  # set by run_bench: `fastest_plain`
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -159,7 +165,6 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
     for line in this_machine().lines():
         progress_note(line)
-    params = settings.sampling
     common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device)
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)
@@ -234,18 +239,48 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
                     "needs the torch backend for both the target and the drafter")
             elif hf[name] is not None:
                 jobs.append(((tb, name, db, "hf"), dec, hf[name]))
+    server = None
+    if settings.baseline_llama_server:  # beside AR on llama.cpp (its own target backend)
+        from .llama_server import ServerBaseline
+
+        tb = "llamacpp" if "llamacpp" in targets else settings.target_backends[0]
+        context = getattr(targets[tb].model, "max_length", None) or _llamacpp_context()
+        server = ServerBaseline(settings.target, context, progress_note).start()
+        settings.notes.append(server.describe())
+        at = next(i for i, job in enumerate(jobs) if job[0] == (tb, None, None, "ar")) + 1
+        jobs.insert(at, ((tb, None, None, "llama-server"), jobs[at - 1][1], server))
+    try:
+        return _timed_runs(settings, prompts, jobs, target_tok, chat, name_of, progress_note, quiet)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _llamacpp_context() -> int:
+    """The context window anydraft's llama.cpp sessions take (models/llamacpp.py)."""
+    import os
+
+    from ..models.llamacpp import DEFAULT_CONTEXT
+
+    return int(os.environ.get("ANYDRAFT_LLAMACPP_CONTEXT", 0)) or DEFAULT_CONTEXT
+
+
+def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target_tok, chat: bool,
+                name_of: Callable[[tuple], str], progress_note, quiet: bool) -> list[dict]:
+    """Warm-up, then every job on every prompt, interleaved (see the module docstring)."""
     for n in settings.notes:
         progress_note(f"note: {n}")
-
+    params = settings.sampling
     gen = dict(sampling=params, chat=chat)
 
     def run_one(dec, method, baseline, prompt, max_new):
-        if baseline is not None:
+        if baseline is not None:  # the same prompt tokens as every other run
             ids = dec.prompt_ids(prompt, chat)
-            tokens, seconds = baseline.generate(ids, max_new, params, dec.eos_ids)
+            tokens, seconds, prefill = baseline.generate(ids, max_new, params, dec.eos_ids)
             text = target_tok.decode(tokens, skip_special_tokens=True)
-            stats = {"method": "hf", "prompt_tokens": len(ids), "new_tokens": len(tokens),
-                     "seconds": seconds, "tokens_per_s": len(tokens) / seconds if seconds > 0 else 0.0}
+            stats = {"method": method, "prompt_tokens": len(ids), "new_tokens": len(tokens),
+                     "seconds": seconds, "prefill_seconds": prefill,
+                     "tokens_per_s": len(tokens) / seconds if seconds > 0 else 0.0}
             return {"token_ids": tokens, "text": text, "finish_reason": None, "stats": stats}
         out = dec.generate(prompt, max_new_tokens=max_new, method=method, **gen)
         return {"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason,
@@ -288,7 +323,26 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
                               f"{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s")
         rows += _rows_for_prompt(p, runs, settings, progress, name_of,
                                  lambda tb, a, b, text=p["prompt"]: divergence(ar_decoders[tb], text, chat, a, b))
+    settings.fastest_plain = fastest_plain(rows)
     return rows
+
+
+def fastest_plain(rows: list[dict]) -> str | None:
+    """The label (`label` with every backend named) of the plain decoding that ran fastest,
+    by median tokens/s over the prompts: AR on each target backend, and llama-server where
+    it ran; sets every row's ``speedup_vs_fastest_plain`` (per prompt: its tokens/s over that
+    plain decoding's on the same prompt)."""
+    plain = {}
+    for r in rows:
+        if r["method"] in ("ar", "llama-server"):
+            plain.setdefault((r["method"], r["target_backend"]), {})[r["prompt_id"]] = r["tokens_per_s"]
+    if not plain:
+        return None
+    best = max(plain, key=lambda key: median(list(plain[key].values())))
+    for r in rows:
+        base = plain[best].get(r["prompt_id"])
+        r["speedup_vs_fastest_plain"] = r["tokens_per_s"] / base if base else None
+    return best[0] if best[0] == "llama-server" else label("ar", None, best[1], None, (True, False))
 
 
 def divergence(dec, prompt, chat: bool, ar: list[int], other: list[int]) -> tuple[int, float | None]:
@@ -328,6 +382,7 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
                      name_of: Callable[[tuple], str], diverge: Callable | None = None) -> list[dict]:
     ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target backend
     hf_stats = {key[1]: _median_run(v)["stats"] for key, v in runs.items() if key[3] == "hf"}
+    server = next((_median_run(v)["stats"] for key, v in runs.items() if key[3] == "llama-server"), None)
     k = settings.draft.num_draft_tokens
     rows = []
     for key, results in runs.items():
@@ -347,7 +402,9 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "seconds_all": [r["stats"]["seconds"] for r in results],
             "speedup_vs_ar": _speedup(s, ar_s),
             "decode_speedup_vs_ar": _decode_speedup(s, ar_s),
-            "speedup_vs_torch_ar": _speedup(s, ars["torch"]["stats"]) if "torch" in ars else None,
+            "speedup_vs_llama_server": _speedup(s, server) if server is not None else None,
+            "decode_speedup_vs_llama_server": _decode_speedup(s, server) if server is not None else None,
+            "speedup_vs_fastest_plain": None,  # once every prompt ran: `fastest_plain`
             "speedup_vs_hf": _speedup(s, hf_stats[name]) if name in hf_stats else None,
             "acceptance": None, "acceptance_per_token": None, "mean_accepted": None,
             "drafted": None, "accepted": None, "rejected": None, "target_calls": None,
@@ -358,12 +415,12 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "identical_to_ar": identical, "mismatch_at": None, "mismatch_margin": None,
             "finish_reason": res["finish_reason"], "text": res["text"],
         }
-        if method != "hf":
+        if method not in BASELINES:
             for stat in ("drafted", "accepted", "rejected", "target_calls", "drafter_calls",
                          "mean_accepted", "draft_seconds", "target_seconds", "translate_seconds"):
                 row[stat] = s[stat]
             row["acceptance"] = s["acceptance_rate"] if s["drafted"] else None
-        if method not in ("ar", "hf") and s["drafted"]:
+        if method not in ("ar", *BASELINES) and s["drafted"]:
             a = per_token_acceptance(s["accepted"], s["rejected"])
             c = 0.0 if not s["drafter_calls"] else cost_ratio(  # copies cost no drafter pass
                 s["draft_seconds"], s["drafter_calls"],

@@ -44,13 +44,14 @@ def test_auto_backends_resolve_per_model_and_role(monkeypatch):
     assert runner.resolve_backends(["auto"], "d", "drafter", None, "cpu", None) == ["torch"]
 
 
-def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, torch_ar_tps=10.0, category="code"):
+def _row(method, tb, drafter=None, db=None, tps=10.0, ar_tps=10.0, fastest_tps=20.0, category="code"):
     drafting = method != "ar"
     return {
         "prompt_id": "p1", "category": category, "method": method, "drafter": drafter,
         "target_backend": tb, "drafter_backend": db, "new_tokens": 10, "seconds": 10 / tps,
         "tokens_per_s": tps, "speedup_vs_ar": tps / ar_tps, "decode_speedup_vs_ar": tps / ar_tps,
-        "speedup_vs_torch_ar": tps / torch_ar_tps,
+        "speedup_vs_fastest_plain": tps / fastest_tps, "speedup_vs_llama_server": None,
+        "decode_speedup_vs_llama_server": None,
         "speedup_vs_hf": None, "acceptance": 0.5 if drafting else None,
         "acceptance_per_token": 0.7 if drafting else None, "mean_accepted": 2.0 if drafting else 1.0,
         "drafted": 10 if drafting else 0, "accepted": 5 if drafting else 0,
@@ -88,7 +89,8 @@ def test_labels_name_backends_only_where_they_tell_rows_apart():
 
 def _summary(tmp_path, rows, target_backends, drafter_backends):
     settings = BenchSettings(target="t", drafters=["d"], methods=["ar", "slem"],
-                             target_backends=target_backends, drafter_backends=drafter_backends)
+                             target_backends=target_backends, drafter_backends=drafter_backends,
+                             fastest_plain="ar (llamacpp)")
     prompts = [{"id": "p1", "category": "code", "prompt": "x"}]
     meta = build_meta(settings, "anydraft bench --target t", prompts, "builtin")
     return write_summary(tmp_path, meta, rows, []).read_text()
@@ -98,23 +100,26 @@ def _table_rows(text, label):
     return [line.split(" | ") for line in text.splitlines() if line.startswith(f"| {label} |")]
 
 
-def test_summary_column_vs_torch_ar_only_with_several_target_backends(tmp_path):
+def test_summary_column_vs_fastest_plain_only_with_several_plain_paths(tmp_path):
     text = _summary(tmp_path, _all_combinations(), ["torch", "llamacpp"], ["torch", "llamacpp"])
-    head = text.splitlines()[text.splitlines().index("## Per method (all prompts)") + 2]
-    cols = [c.strip() for c in head.strip("|").split("|")]
-    assert cols[4:6] == ["speedup vs AR", "speedup vs torch AR"]
-    # AR on llamacpp: 1.00x against itself, 2.00x against torch AR
-    (ar_llama,) = _table_rows(text, "ar (llamacpp)")
-    assert ar_llama[4:6] == ["1.00x", "2.00x"]
-    (slem,) = _table_rows(text, "slem (llamacpp) <- d (torch)")
-    assert slem[4:6] == ["1.50x", "3.00x"]
+    lines = text.splitlines()
+    at = lines.index("## Per method (all prompts)")
+    assert lines[at + 2] == "Fastest plain decoding here: **ar (llamacpp)**."
+    cols = [c.strip() for c in lines[at + 4].strip("|").split("|")]
+    assert cols[4:6] == ["speedup vs AR", "speedup vs fastest plain"]
+    assert "speedup vs llama-server" not in text  # it did not run
+    # AR on torch: 1.00x against itself, 0.50x against the fastest plain decoding (AR on llamacpp)
+    (ar_torch,) = _table_rows(text, "ar (torch)")
+    assert ar_torch[4:6] == ["1.00x", "0.50x"]
+    (slem,) = _table_rows(text, "slem (torch) <- d (torch)")
+    assert slem[4:6] == ["3.00x", "1.50x"]
     assert "backends: target torch,llamacpp, drafter torch,llamacpp" in text
     assert "adaptive draft length k <= 5" in text
-    assert "- speedup vs torch AR:" in text
+    assert "- speedup vs fastest plain:" in text
 
     one_target = [r for r in _all_combinations() if r["target_backend"] == "torch"]
     text = _summary(tmp_path, one_target, ["torch"], ["torch", "llamacpp"])
-    assert "speedup vs torch AR" not in text
+    assert "speedup vs fastest plain" not in text
     assert _table_rows(text, "ar") and _table_rows(text, "slem <- d (llamacpp)")
 
 

@@ -61,7 +61,8 @@ def test_results_schema(run, models):
         assert set(ROW_KEYS) <= set(row), set(ROW_KEYS) - set(row)
         assert row["target_backend"] == "torch"
         assert row["drafter_backend"] == (None if row["method"] in ("ar", "lookup") else "torch")
-        assert row["speedup_vs_torch_ar"] == row["speedup_vs_ar"]
+        assert row["speedup_vs_fastest_plain"] == row["speedup_vs_ar"]  # the only plain path
+        assert row["speedup_vs_llama_server"] is None
 
 
 def test_one_row_per_prompt_method_drafter(run, models):
@@ -125,7 +126,7 @@ def test_summary_tables(run):
     assert "bound S(a,k,c)" in text and "speedup vs hf" in text and "c (draft/target step)" in text
     assert "GREEDY MISMATCH" not in text
     assert "| code | ar |" in text and "| text | sd <- " in text
-    assert "speedup vs torch AR" not in text and "(torch)" not in text  # torch only: no backends
+    assert "speedup vs fastest plain" not in text and "(torch)" not in text  # torch only: no backends
     assert "k = 5 draft tokens" in text
 
 
@@ -210,16 +211,18 @@ def test_several_backends_load_once_and_compare_per_backend(models, tmp_path, mo
         ("slem", "torch", "llamacpp"),
         ("ar", "llamacpp", None), ("slem", "llamacpp", "torch"), ("slem", "llamacpp", "llamacpp")]
     ar = {r["target_backend"]: r for r in rows if r["method"] == "ar"}
+    fastest = max(ar, key=lambda tb: ar[tb]["tokens_per_s"])
+    assert res["meta"]["settings"]["fastest_plain"] == f"ar ({fastest})"
     for r in rows:
         assert r["identical_to_ar"] is True
         assert r["speedup_vs_ar"] == pytest.approx(ar[r["target_backend"]]["seconds"] / r["seconds"])
-        assert r["speedup_vs_torch_ar"] == pytest.approx(ar["torch"]["seconds"] / r["seconds"])
+        assert r["speedup_vs_fastest_plain"] == pytest.approx(ar[fastest]["seconds"] / r["seconds"])
     notes = res["meta"]["notes"]
     assert sum("assisted generation needs the torch backend" in n for n in notes) == 3
     assert f"hf (llamacpp) <- {twin} (torch) skipped: transformers' assisted generation needs the " \
            "torch backend for both the target and the drafter" in notes
     text = (tmp_path / "summary.md").read_text()
-    assert "speedup vs torch AR" in text and "| code | ar (llamacpp) |" in text
+    assert "speedup vs fastest plain" in text and "| code | ar (llamacpp) |" in text
     assert f"| slem (torch) <- {twin} (llamacpp) |" in text
 
 
