@@ -258,3 +258,11 @@ class ServerBaseline:
         assert params.greedy, "llama-server baseline: greedy only (checked by the bench's settings)"
         done = self.server.complete(ids, max_new_tokens)
         return done.token_ids, done.seconds, max(0.0, done.seconds - done.decode_ms / 1000)
+
+
+if __name__ == "__main__":  # python -m anydraft.bench.llama_server: find or build it, print its path
+    try:
+        print(find_or_build(lambda msg: print(msg, file=sys.stderr)))
+    except AnydraftError as exc:
+        print(f"anydraft: error: {exc}", file=sys.stderr)
+        sys.exit(2)
