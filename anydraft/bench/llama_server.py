@@ -148,10 +148,11 @@ class LlamaServer:
     one context of ``parallel x context`` cells, with continuous batching, as users run it."""
 
     def __init__(self, gguf: str, threads: int, context: int, parallel: int = 1,
-                 binary: str | None = None, log: str | os.PathLike | None = None):
+                 binary: str | None = None, log: str | os.PathLike | None = None,
+                 port: int | None = None):
         self.binary = binary or find_or_build()
         self.gguf, self.threads, self.context, self.parallel = gguf, threads, context, parallel
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self.process: subprocess.Popen | None = None

@@ -57,6 +57,12 @@ def register(sub) -> None:
                         "with --max-batch 1 and --max-batch B")
     b.add_argument("--max-batch", type=int, default=None, metavar="B",
                    help="B of the default configurations (default: the highest --concurrency)")
+    b.add_argument("--llama-server", action="store_true",
+                   help="add configuration `llama-server` first: llama.cpp's own server on the "
+                        "target's GGUF file, with as many --parallel slots as the highest "
+                        "--concurrency (continuous batching), the threads and per-request context "
+                        "of anydraft's llama.cpp backend; found or built as for `bench --baseline "
+                        "llama-server`")
     b.add_argument("--baseline", default=None,
                    help="the configuration throughput ratios divide by (default: the first)")
     b.add_argument("--concurrency", default="1,2,4,8",
@@ -143,7 +149,12 @@ def plain_ar(args: tuple[str, ...]) -> bool:
     return "--method=ar" in args or any(a == "--method" and b == "ar" for a, b in pairs)
 
 
+LLAMA_SERVER = "llama-server"  # the label of `--llama-server`'s configuration
+
+
 def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list[str]:
+    if config.label == LLAMA_SERVER and args.llama_server:
+        return llama_server_command(args, port)
     cmd = [sys.executable, "-m", "anydraft", "serve", "--target", args.target]
     if args.drafter and not plain_ar(config.args):
         cmd += ["--drafter", args.drafter]
@@ -155,6 +166,24 @@ def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list
             "--log-level", "warning", "--max-queue", str(max_queue),
             "--max-queued-per-client", str(max_queue)]
     return cmd + list(config.args)  # last: a configuration may override any of the above
+
+
+def llama_server_command(args, port: int) -> list[str]:
+    """llama-server for ``--llama-server``: the target's GGUF, a slot per client of the highest
+    level, each with the context window of one anydraft llama.cpp session."""
+    from ..errors import AnydraftError
+    from ..models.llamacpp import _threads
+    from ..models.loading import resolve
+    from . import llama_server
+    from .runner import _llamacpp_context
+
+    source = resolve(args.target)
+    if source.gguf_file is None:
+        raise AnydraftError(f"--llama-server needs a GGUF target ({args.target!r} is not one)")
+    server = llama_server.LlamaServer(str(Path(source.path) / source.gguf_file), _threads(),
+                                      _llamacpp_context(), parallel=max(parse_concurrency(args.concurrency)),
+                                      binary=llama_server.find_or_build(), port=port)
+    return server.command
 
 
 # -- one server -----------------------------------------------------------------------------
@@ -663,6 +692,11 @@ def cmd_bench_serve(args) -> int:
         raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
     configs = (parse_configs(args.configs) if args.configs
                else default_configs(args.max_batch or max(levels_c)))
+    if args.llama_server:
+        if LLAMA_SERVER in {c.label for c in configs}:
+            raise AnydraftError(f"--llama-server adds configuration {LLAMA_SERVER!r}: give yours "
+                                "another label")
+        configs.insert(0, ServeConfig(LLAMA_SERVER, ()))
     baseline = args.baseline or configs[0].label
     if baseline not in {c.label for c in configs}:
         raise AnydraftError(f"--baseline {baseline!r} is none of the configurations: "

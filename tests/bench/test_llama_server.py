@@ -129,3 +129,21 @@ def test_real_llama_server_decodes_as_anydraft_does(tmp_path, monkeypatch):
     server = [r for r in rows if r["method"] == "llama-server"]
     assert len(server) == 3
     assert all(r["identical_to_ar"] for r in server), [(r["prompt_id"], r["mismatch_at"]) for r in server]
+
+
+@pytest.mark.real
+def test_bench_serve_adds_llama_server_with_a_slot_per_client(fake, capsys):
+    """`bench-serve --llama-server`: its configuration first (the ratios' baseline), on the
+    target's GGUF with --parallel of the highest level."""
+    import argparse
+
+    from anydraft.bench import serve
+
+    require_model("smollm2-135m")
+    args = argparse.Namespace(target="smollm2-135m", concurrency="1,8,2", llama_server=True)
+    cmd = serve.server_command(args, serve.ServeConfig(serve.LLAMA_SERVER, ()), 4321, 64)
+    assert cmd[0] == str(FAKE) and cmd[cmd.index("--parallel") + 1] == "8"
+    assert cmd[cmd.index("--port") + 1] == "4321" and cmd[cmd.index("-m") + 1].endswith(".gguf")
+    assert main(["bench-serve", "--target", "smollm2-135m", "--llama-server",
+                 "--configs", "llama-server=--method ar"]) == 2
+    assert "give yours another label" in capsys.readouterr().err
