@@ -22,7 +22,7 @@ from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, 
 from .errors import AnydraftError
 from .hardware.profile import cached_curve
 from .methods.policy import Costs, Estimates
-from .models.backends import LoadedModel, check_backend, check_target_device, load
+from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
 from .sampling import SamplingParams
@@ -62,6 +62,7 @@ class Decoder:
         parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
         if isinstance(target, str):  # a model object is used where it already is
+            backend = backend_for(backend, dtype)  # an explicit dtype is a torch path
             check_target_device(backend, device)
         device = resolve_device(device)  # "auto": CUDA when there is a GPU
         if drafter == "auto":  # what `anydraft scout` chose for this target on this machine
@@ -71,6 +72,8 @@ class Decoder:
         # the drafter's own fastest backend, whatever the target's (a torch target on a CPU
         # drafts fastest with a quantized llama.cpp drafter; a GPU target, with a torch one)
         drafter_backend = check_backend(drafter_backend or "auto")
+        if isinstance(drafter, str) and drafter_dtype is not None:  # before anything loads
+            drafter_backend = backend_for(drafter_backend, drafter_dtype, "drafter")
         self.draft = override(draft or DraftConfig(), method=method,
                               num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,
                               adaptive=adaptive, drafter_context=drafter_context)
@@ -78,8 +81,10 @@ class Decoder:
         self.target = load(target, backend, tokenizer, dtype, device, progress, rows=rows)
         self.drafter = None
         if drafter is not None:
+            # the target's dtype, handed down, applies where the drafter runs on torch: it
+            # leaves the drafter's backend to choose
             self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,
-                                device, progress, role="drafter")
+                                device, progress, role="drafter", dtype_given=drafter_dtype is not None)
             # sessions hand out CPU logits, so a model on llama.cpp (the CPU) pairs with a torch
             # model anywhere; two torch models on different devices are a mistake, though
             torch_only = "llamacpp" not in (self.target.backend, self.drafter.backend)
