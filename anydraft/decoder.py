@@ -65,6 +65,11 @@ class Decoder:
             backend = backend_for(backend, dtype)  # an explicit dtype is a torch path
             check_target_device(backend, device)
         device = resolve_device(device)  # "auto": CUDA when there is a GPU
+        if drafter_backend is not None:
+            check_backend(drafter_backend)
+        # a drafter dtype asked for is a torch path (the scout's backend choice too yields to it)
+        if isinstance(drafter, str) and drafter_dtype not in (None, "auto"):
+            drafter_backend = backend_for(drafter_backend or "auto", drafter_dtype, "drafter")
         if drafter == "auto":  # what `anydraft scout` chose for this target on this machine
             from .scout import auto_drafter
 
@@ -72,8 +77,6 @@ class Decoder:
         # the drafter's own fastest backend, whatever the target's (a torch target on a CPU
         # drafts fastest with a quantized llama.cpp drafter; a GPU target, with a torch one)
         drafter_backend = check_backend(drafter_backend or "auto")
-        if isinstance(drafter, str) and drafter_dtype is not None:  # before anything loads
-            drafter_backend = backend_for(drafter_backend, drafter_dtype, "drafter")
         self.draft = override(draft or DraftConfig(), method=method,
                               num_draft_tokens=num_draft_tokens, draft_confidence=draft_confidence,
                               adaptive=adaptive, drafter_context=drafter_context)

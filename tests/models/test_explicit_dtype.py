@@ -72,6 +72,17 @@ def test_the_drafters_own_dtype_chooses_its_backend_the_targets_does_not(tmp_pat
         Decoder(target=str(target), drafter=str(drafter), dtype="float32", drafter_backend="llamacpp")
 
 
+def test_a_drafter_dtype_asked_for_beats_the_scouts_backend(tmp_path, monkeypatch):
+    from anydraft import scout
+
+    target, drafter = save_tiny_pair(tmp_path)
+    # the scout's winner on llama.cpp; a backend the caller chose is kept (scout/saved.py)
+    monkeypatch.setattr(scout, "auto_drafter", lambda target, backend, progress: (
+        str(drafter), backend or "llamacpp"))
+    dec = Decoder(target=str(target), drafter="auto", dtype="float32", drafter_dtype="float32")
+    assert (dec.drafter.backend, dec.drafter.dtype) == ("torch", "float32")
+
+
 def test_conflicts_are_refused_before_anything_loads():
     with pytest.raises(AnydraftError, match="use backend 'torch' or 'auto'"):
         Decoder(target="no-such-model", backend="llamacpp", dtype="float32")
