@@ -233,7 +233,8 @@ def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu",
         if curve is not None:
             found[path] = curve
             continue
-        model = load(spec, backend, dtype=path, device=device)
+        # the backend is given, and the path is its own ("gguf" names llama.cpp's curve)
+        model = load(spec, backend, dtype=path, device=device, dtype_given=False)
         found.update(_measure_and_save(spec, backend, device, {path: model}, progress))
         if fastest(found, rows) == path:
             keep = model

@@ -99,6 +99,18 @@ def test_the_command_line_names_the_flags(capsys):
 
 
 @pytest.mark.real
+def test_the_llamacpp_curve_still_loads_its_model(monkeypatch):
+    """`profile.curves` names llama.cpp's path "gguf": a label, not a dtype asked for."""
+    from tests.conftest import require_llamacpp
+
+    require_llamacpp()
+    monkeypatch.setattr(profile, "measure", lambda models: {p: {1: 0.01} for p in models})
+    monkeypatch.setattr(profile, "busy", lambda: True)  # nothing cached
+    found, _ = profile.curves(require_model("smollm2-135m"), "llamacpp", ("gguf",), "cpu", remeasure=True)
+    assert found == {"gguf": {1: 0.01}}
+
+
+@pytest.mark.real
 def test_smollm2_in_float32_runs_in_float32():
     """The report's case: smollm2-135m, whose GGUF llama.cpp runs faster here."""
     dec = Decoder(target=require_model("smollm2-135m"), dtype="float32")
