@@ -22,7 +22,7 @@ from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, 
 from .errors import AnydraftError
 from .hardware.profile import cached_curve
 from .methods.policy import Costs, Estimates
-from .models.backends import LoadedModel, check_backend, check_target_device, load
+from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
 from .sampling import SamplingParams
@@ -62,8 +62,14 @@ class Decoder:
         parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
         if isinstance(target, str):  # a model object is used where it already is
+            backend = backend_for(backend, dtype)  # an explicit dtype is a torch path
             check_target_device(backend, device)
         device = resolve_device(device)  # "auto": CUDA when there is a GPU
+        if drafter_backend is not None:
+            check_backend(drafter_backend)
+        # a drafter dtype asked for is a torch path (the scout's backend choice too yields to it)
+        if isinstance(drafter, str) and drafter_dtype not in (None, "auto"):
+            drafter_backend = backend_for(drafter_backend or "auto", drafter_dtype, "drafter")
         if drafter == "auto":  # what `anydraft scout` chose for this target on this machine
             from .scout import auto_drafter
 
@@ -78,8 +84,10 @@ class Decoder:
         self.target = load(target, backend, tokenizer, dtype, device, progress, rows=rows)
         self.drafter = None
         if drafter is not None:
+            # the target's dtype, handed down, applies where the drafter runs on torch: it
+            # leaves the drafter's backend to choose
             self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,
-                                device, progress, role="drafter")
+                                device, progress, role="drafter", dtype_given=drafter_dtype is not None)
             # sessions hand out CPU logits, so a model on llama.cpp (the CPU) pairs with a torch
             # model anywhere; two torch models on different devices are a mistake, though
             torch_only = "llamacpp" not in (self.target.backend, self.drafter.backend)

@@ -31,10 +31,9 @@ an n-token match. ``drafter`` is null without a drafter (prompt lookup's statist
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from .atomic import write_text
 from .errors import AnydraftError
 from .methods.policy import Acceptance, Costs, Estimates, Mean
 
@@ -116,16 +115,7 @@ def save(decoder, path) -> None:
     """Write ``decoder``'s learned statistics to ``path`` atomically (a temporary file in the
     same folder, then renamed over it): a reader never sees half a file, and of several
     writers the last one wins."""
-    path = Path(path)
-    text = json.dumps(to_json(decoder), indent=1)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_text(path, json.dumps(to_json(decoder), indent=1))
 
 
 def read(path) -> dict:

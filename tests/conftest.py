@@ -4,6 +4,28 @@ import pytest
 
 from anydraft.models import catalog
 
+# What tests share with the real cache: the catalog's model files and what is made from them
+# alone (transformers conversions, quantized copies), named by the file they come from, the same
+# whoever makes them, and minutes to make again. What a run measures or decides (cost curves,
+# scout winners) goes to the session's own cache instead: tests leave nothing in the user's
+# profiles and never read what an earlier run measured.
+SHARED_WITH_REAL_CACHE = ("models", "converted", "quantized")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """``$ANYDRAFT_CACHE`` for the whole session: a temporary directory whose
+    `SHARED_WITH_REAL_CACHE` folders are links to the real cache's. Yields (this cache, the
+    real one). A test about the real cache sets ``ANYDRAFT_CACHE`` itself."""
+    real = catalog.cache_dir()
+    cache = tmp_path_factory.mktemp("anydraft-cache")
+    for name in SHARED_WITH_REAL_CACHE:
+        (real / name).mkdir(parents=True, exist_ok=True)  # a link must point at a folder
+        (cache / name).symlink_to(real / name, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANYDRAFT_CACHE", str(cache))
+        yield cache, real
+
 
 def require_model(name: str) -> str:
     """Skip when a catalog model is not installed, unless CI demands every model."""

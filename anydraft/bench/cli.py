@@ -67,7 +67,7 @@ def settings_from_args(args):
     from ..errors import AnydraftError
     from ..models.backends import check_target_device
     from ..models.loading import parse_dtype, resolve_device
-    from .runner import BASELINES, BenchSettings, parse_backends, parse_methods
+    from .runner import BASELINES, BenchSettings, backends_for, parse_backends, parse_methods
 
     if args.n < 1:
         raise AnydraftError(f"--n must be >= 1 (prompts per category), got {args.n}")
@@ -85,16 +85,19 @@ def settings_from_args(args):
                             "equal plain decoding's): drop --temperature, or set it to 0")
     if "hf" in baselines and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
-    target_backends = parse_backends(args.target_backend, "--target-backend")
-    if args.drafter_backend is not None and not args.drafter:
-        raise AnydraftError("--drafter-backend needs a drafter: pass --drafter MODEL")
-    drafter_backends = parse_backends(args.drafter_backend or "auto", "--drafter-backend")
-    for backend in target_backends:
-        check_target_device(backend, args.device)
-    device = resolve_device(args.device)
     parse_dtype(args.dtype, allow_auto=True)
     if args.drafter_dtype is not None:
         parse_dtype(args.drafter_dtype, allow_auto=True)
+    target_backends = backends_for(parse_backends(args.target_backend, "--target-backend"),
+                                   args.dtype, "target")
+    if args.drafter_backend is not None and not args.drafter:
+        raise AnydraftError("--drafter-backend needs a drafter: pass --drafter MODEL")
+    # --drafter-dtype alone chooses the drafter's backend; --dtype, handed down, does not
+    drafter_backends = backends_for(parse_backends(args.drafter_backend or "auto", "--drafter-backend"),
+                                    args.drafter_dtype, "drafter")
+    for backend in target_backends:
+        check_target_device(backend, args.device)
+    device = resolve_device(args.device)
     text = args.methods if args.methods is not None else "ar,auto"
     methods = parse_methods(text, has_drafter=bool(args.drafter))
     drafters = list(dict.fromkeys(args.drafter))

@@ -37,6 +37,7 @@ class BenchSettings:
     baseline_llama_server: bool = False  # llama.cpp's own server on the target's GGUF (llama_server.py)
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # the torch runs' dtypes: they choose no backend here (bench/cli.py applies `backends_for`)
     dtype: str = "auto"
     drafter_dtype: str | None = None
     device: str = "auto"  # resolved by run_bench: "cpu" or "cuda" in results.json
@@ -85,6 +86,19 @@ def parse_backends(text: str, flag: str) -> list[str]:
         if b not in choices:
             raise AnydraftError(f"unknown backend {b!r} in {flag}: choose from {', '.join(choices)}")
     return names
+
+
+def backends_for(backends: list[str], dtype, role: str) -> list[str]:
+    """`backend_for` over the backends a run compares: a dtype asked for (``dtype`` not None
+    or "auto") makes "auto" torch and applies to the torch runs, so llama.cpp beside torch stays
+    (the comparison), and llama.cpp alone is a conflict."""
+    from ..models.backends import backend_for
+
+    if dtype is None or dtype == "auto":
+        return backends
+    if backends == ["llamacpp"]:
+        backend_for("llamacpp", dtype, role)  # raises: the dtype would apply to no run
+    return list(dict.fromkeys(b if b == "llamacpp" else backend_for(b, dtype, role) for b in backends))
 
 
 def resolve_backends(backends: list[str], spec: str, role: str, dtype, device: str, progress) -> list[str]:
@@ -176,7 +190,9 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
             b for name in settings.drafters for b in resolve_backends(
                 settings.drafter_backends, name, "drafter", settings.drafter_dtype or settings.dtype,
                 settings.device, progress_note)))
-    targets = {tb: load(settings.target, tb, target_tok, settings.dtype, settings.device, progress_note)
+    # the dtypes are the torch runs' (`backends_for`): they choose no backend here
+    targets = {tb: load(settings.target, tb, target_tok, settings.dtype, settings.device, progress_note,
+                        dtype_given=False)
                for tb in settings.target_backends}
     if "torch" in targets:  # record what "auto" chose
         settings.dtype = common["dtype"] = targets["torch"].dtype
@@ -196,7 +212,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         d_tok = load_tokenizer(name)
         for db in settings.drafter_backends:
             drafters[(name, db)] = load(name, db, d_tok, settings.drafter_dtype or settings.dtype,
-                                        settings.device, progress_note)
+                                        settings.device, progress_note, role="drafter",
+                                        dtype_given=False)
             if db == "torch" and settings.drafter_dtype in (None, "auto") and len(settings.drafters) == 1:
                 settings.drafter_dtype = drafters[(name, db)].dtype
         same = same_tokenizer(target_tok, d_tok)

@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..atomic import write_text
 from ..bench.bound import cost_at
 from ..errors import AnydraftError
 from ..models import catalog
@@ -145,15 +146,12 @@ def save(model_key: str, calls: dict[tuple[int, int], float], context: int,
     another context is replaced whole). Keys read "BxQ": rows x new tokens per row."""
     machine = machine or this_machine()
     path = _path(machine)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines(), "batched": {}}
     entry = data["batched"].get(model_key)
     if entry is None or entry["context"] != context:
         entry = data["batched"][model_key] = {"context": context, "seconds": {}}
     entry["seconds"].update({f"{b}x{q}": s for (b, q), s in calls.items()})
-    tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps(data, indent=1))
 
 
 def report(spec: str, backend: str = "auto", dtype: str = "auto", device: str = "auto",

@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..atomic import write_text
 from ..models import catalog
 from .machine import Machine, this_machine
 
@@ -91,12 +92,9 @@ def cached(model_key: str, machine: Machine | None = None) -> dict[int, float] |
 def save(model_key: str, curve: dict[int, float], machine: Machine | None = None) -> None:
     machine = machine or this_machine()
     path = _path(machine)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines(), "curves": {}}
     data["curves"][model_key] = curve
-    tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps(data, indent=1))
 
 
 def model_key(spec: str, backend: str, dtype: str, device: str) -> str:
@@ -235,7 +233,8 @@ def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu",
         if curve is not None:
             found[path] = curve
             continue
-        model = load(spec, backend, dtype=path, device=device)
+        # the backend is given, and the path is its own ("gguf" names llama.cpp's curve)
+        model = load(spec, backend, dtype=path, device=device, dtype_given=False)
         found.update(_measure_and_save(spec, backend, device, {path: model}, progress))
         if fastest(found, rows) == path:
             keep = model

@@ -34,6 +34,28 @@ def check_backend(name: str) -> str:
     return name
 
 
+# how people name a model's dtype and backend: in Python, and on the command line
+_OPTIONS = {"target": ("dtype", "backend", "--dtype", "--target-backend"),
+            "drafter": ("drafter_dtype", "drafter_backend", "--drafter-dtype", "--drafter-backend")}
+
+
+def backend_for(backend: str, dtype, role: str = "target") -> str:
+    """The backend of a model whose ``dtype`` was asked for. Every dtype but "auto" (float32,
+    bfloat16, float16, with +onednn or +compile) is a torch path: under ``backend="auto"`` it
+    means torch (were llama.cpp measured faster, it would run the GGUF as it is and the dtype
+    asked for would silently not happen), and beside "llamacpp" it is a conflict."""
+    if dtype == AUTO or backend == "torch":
+        return backend
+    if backend == AUTO:
+        return "torch"
+    dtype_option, backend_option, dtype_flag, backend_flag = _OPTIONS[role]
+    raise AnydraftError(
+        f"the {role}'s {dtype_option} {str(dtype)!r} ({dtype_flag}) runs on the torch backend, "
+        f"but its {backend_option} is 'llamacpp' ({backend_flag}), which runs the GGUF as it is, "
+        f"in no dtype: for {dtype} use {backend_option} 'torch' or 'auto'; for llama.cpp leave "
+        f"{dtype_option} 'auto'")
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -109,7 +131,7 @@ class LoadedModel:
 
 
 def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str = "auto",
-         progress=None, role: str = "target", rows: int = 1) -> LoadedModel:
+         progress=None, role: str = "target", rows: int = 1, dtype_given: bool = True) -> LoadedModel:
     """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
 
     ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion) and runs it on
@@ -119,8 +141,15 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
     against torch for the ``role`` ("target" or "drafter") the model plays. A target that will
     score up to ``rows`` sequences in one call (a server's batch) gets the path that serves
     that many best (`profile.worth`).
+
+    A ``dtype`` other than "auto" makes ``backend="auto"`` torch, and conflicts with
+    "llamacpp" (`backend_for`), unless ``dtype_given`` is False: a dtype handed down (a
+    drafter's, from the target's) or meant for the torch runs among several, which applies
+    only where the model runs on torch.
     """
     check_backend(backend)
+    if dtype_given and isinstance(spec, str):
+        backend = backend_for(backend, dtype, role)
     device = resolve_device(device)
     model = None
     if backend == AUTO and isinstance(spec, str):

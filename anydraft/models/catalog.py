@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import replacing
 from ..errors import AnydraftError
 
 
@@ -172,14 +173,11 @@ def install(name: str, progress=print) -> Path:
     target = entry.gguf_path
     if len(parts) > 1 and not (target.is_file() and target.stat().st_size == entry.size_bytes):
         progress(f"[{name}] assembling {len(parts)} chunks into {target}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(target.suffix + ".partial")
-        with open(partial, "wb") as out:
+        with replacing(target) as partial, open(partial, "wb") as out:
             for part in parts:
                 with open(part, "rb") as f:
                     while block := f.read(1 << 22):
                         out.write(block)
-        partial.replace(target)
     verified_marker = cache_dir() / "models" / f"{entry.filename}.sha256-ok"
     stamp = f"{entry.sha256} {target.stat().st_size} {target.stat().st_mtime_ns}"
     if not (verified_marker.is_file() and verified_marker.read_text() == stamp):

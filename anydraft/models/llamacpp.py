@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..atomic import replacing
 from ..errors import AnydraftError
 from .batch import full
 from .session import ROLLBACK_HELP, rows_to_return
@@ -376,8 +377,6 @@ def quantize(spec: str, kind: str, progress=None) -> str:
     if out.is_file():
         return str(out)
     lib = _lib()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial")
     params = lib.llama_model_quantize_default_params()
     params.ftype = getattr(lib, QUANTS[kind])
     params.allow_requantize = True
@@ -385,12 +384,11 @@ def quantize(spec: str, kind: str, progress=None) -> str:
     if progress:
         progress(f"writing a {kind.upper()} copy of {spec} (once)...")
     start = time.perf_counter()
-    failed = lib.llama_model_quantize(os.path.join(source.path, source.gguf_file).encode(),
-                                      str(partial).encode(), ctypes.byref(params))
-    if failed:
-        partial.unlink(missing_ok=True)
-        raise AnydraftError(f"llama.cpp could not write a {kind.upper()} copy of {spec} (status {failed})")
-    os.replace(partial, out)
+    with replacing(out) as partial:
+        failed = lib.llama_model_quantize(os.path.join(source.path, source.gguf_file).encode(),
+                                          str(partial).encode(), ctypes.byref(params))
+        if failed:
+            raise AnydraftError(f"llama.cpp could not write a {kind.upper()} copy of {spec} (status {failed})")
     if progress:
         progress(f"wrote {out} in {time.perf_counter() - start:.0f} s")
     return str(out)

@@ -9,12 +9,11 @@ The tokenizer is cached on its own, so bridge work never pays for the weights.
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import replacing
 from ..errors import AnydraftError
 from . import catalog
 
@@ -77,11 +76,8 @@ def resolve(spec: str) -> ModelSource:
 
 def _save_atomically(obj, directory: Path) -> None:
     """``save_pretrained`` into a scratch directory, then rename: no half-written cache."""
-    tmp = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    obj.save_pretrained(tmp)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    with replacing(directory, directory=True) as scratch:
+        obj.save_pretrained(scratch)
 
 
 def _hub_error(source: ModelSource, exc: Exception) -> AnydraftError:

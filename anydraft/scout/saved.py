@@ -12,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..atomic import write_text
 from ..errors import AnydraftError
 
 
@@ -36,12 +37,9 @@ def save(target: str, choice: dict) -> Path:
     from ..hardware import this_machine
 
     path = path_for(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {"target": target, "target_key": _target_key(target), "machine": this_machine().lines(),
               "date": datetime.date.today().isoformat(), **choice}
-    tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)
+    write_text(path, json.dumps(record, indent=1) + "\n")
     return path
 
 

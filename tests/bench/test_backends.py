@@ -28,6 +28,23 @@ def test_backend_lists_and_fixed_k_reach_the_settings():
     assert s.target_backends == s.drafter_backends == ["auto"] and s.draft.adaptive is True
 
 
+def test_a_dtype_asked_for_makes_auto_torch_and_keeps_llamacpp_beside_torch():
+    from anydraft.errors import AnydraftError
+
+    s = settings_from_args(_args("--drafter", "d", "--dtype", "float32"))
+    # --dtype handed down leaves the drafter's backend to choose; --drafter-dtype does not
+    assert s.target_backends == ["torch"] and s.drafter_backends == ["auto"]
+    s = settings_from_args(_args("--drafter", "d", "--drafter-dtype", "bfloat16"))
+    assert s.target_backends == ["auto"] and s.drafter_backends == ["torch"]
+    s = settings_from_args(_args("--target-backend", "auto,llamacpp,torch", "--dtype", "bfloat16"))
+    assert s.target_backends == ["torch", "llamacpp"]  # the dtype is the torch runs'
+    with pytest.raises(AnydraftError, match=r"\(--dtype\) runs on the torch backend"):
+        settings_from_args(_args("--target-backend", "llamacpp", "--dtype", "float32"))
+    with pytest.raises(AnydraftError, match=r"\(--drafter-dtype\) runs on the torch backend"):
+        settings_from_args(_args("--drafter", "d", "--drafter-backend", "llamacpp",
+                                 "--drafter-dtype", "float32"))
+
+
 def test_auto_backends_resolve_per_model_and_role(monkeypatch):
     from anydraft.bench import runner
     from anydraft.hardware import profile

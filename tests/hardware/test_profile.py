@@ -63,6 +63,20 @@ def test_curves_are_cached_per_machine(tmp_path, monkeypatch):
     assert profile.cached("m|torch|bfloat16|cpu", AVX512_BF16) is None
 
 
+def test_tests_measure_into_a_cache_of_their_own_and_find_the_installed_models(session_cache,
+                                                                               monkeypatch):
+    """Curves measured by tests (of temporary models too) stay out of the user's profiles, and
+    no test reads what an earlier run measured; the catalog's models are the real ones."""
+    from anydraft.models import catalog
+
+    cache, real = session_cache
+    path = profile._path(hw.this_machine())
+    assert path.is_relative_to(cache) and not path.resolve().is_relative_to(real.resolve())
+    installed = {name: entry.installed for name, entry in catalog.CATALOG.items()}
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(real))
+    assert installed == {name: entry.installed for name, entry in catalog.CATALOG.items()}
+
+
 def test_the_rate_rewards_a_flat_curve_and_a_fast_plain_step():
     flat, steep = {1: 0.1, 9: 0.1}, {1: 0.1, 9: 0.9}
     assert profile.rate(flat) > profile.rate(steep) == pytest.approx(1 / 0.1)  # plain steps only
