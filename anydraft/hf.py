@@ -24,6 +24,8 @@ import inspect
 import torch
 
 from .config import DraftConfig
+from .decoder import Decoder
+from .decoding import Batch
 from .errors import AnydraftError
 from .sampling import MAX_SEED, SamplingParams
 
@@ -47,8 +49,9 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     Besides `generate`'s own keywords: ``draft``, a `DraftConfig` (method, draft length,
     adaptive drafting), and ``method``, a shortcut for its method. ``assistant_model`` (None:
     no drafter, `auto` copies from the prompt) with ``assistant_tokenizer``, and the target's
-    ``tokenizer``, are those of transformers' assisted generation. Stopping criteria are
-    asked row by row (a 1-row ``input_ids``, ``scores=None``) after every new token."""
+    ``tokenizer``, are those of transformers' assisted generation; ``synced_gpus`` is
+    ignored (one process decodes every row). Stopping criteria are asked row by row (a 1-row
+    ``input_ids``, ``scores=None``) after every new token."""
     handed = anydraft_handed or {}
     assistant = assistant_model or handed.get("assistant_model")
     assistant_tokenizer = assistant_tokenizer or handed.get("assistant_tokenizer")
@@ -61,8 +64,6 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     eos = _ids(config._eos_token_tensor)
     pad = _ids(config._pad_token_tensor)
     stops = [_RowStop(stopping_criteria or (), input_ids[i].cpu()) for i in range(len(prompts))]
-    from .decoding import Batch
-
     rows = decoder.new_rows(len(prompts)) if len(prompts) > 1 else None
     batch, generations = Batch(), []
     for ids, stop in zip(prompts, stops, strict=True):
@@ -149,8 +150,6 @@ def _check_request(model, config, model_kwargs) -> None:
 def _decoder(model, tokenizer, assistant, assistant_tokenizer, draft, method):
     """The `Decoder` of this target, drafter and settings: built once, so what adaptive drafting
     learns about the pair lasts from call to call."""
-    from .decoder import Decoder
-
     if tokenizer is None:
         raise AnydraftError("anydraft.hf.generate needs the target's tokenizer: pass "
                             "tokenizer=... to generate")
