@@ -53,8 +53,9 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     ignored (one process decodes every row). Stopping criteria are asked row by row (a 1-row
     ``input_ids``, ``scores=None``) after every new token."""
     handed = anydraft_handed or {}
-    assistant = assistant_model or handed.get("assistant_model")
-    assistant_tokenizer = assistant_tokenizer or handed.get("assistant_tokenizer")
+    assistant = assistant_model if assistant_model is not None else handed.get("assistant_model")
+    if assistant_tokenizer is None:
+        assistant_tokenizer = handed.get("assistant_tokenizer")
     config = generation_config
     _check_request(model, config, model_kwargs)
     params = sampling_params(logits_processor or (), config)
@@ -200,7 +201,7 @@ class _RowStop:
         self.cut: int | None = None
 
     def scan(self) -> None:
-        if self.cut is not None or self.generation is None:
+        if self.cut is not None or self.generation is None or not self.criteria:
             return
         new = self.generation.state.committed[self.generation.prompt_tokens:]
         for j in range(self.checked, len(new)):
