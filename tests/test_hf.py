@@ -205,13 +205,31 @@ SAMPLING = dict(do_sample=True, temperature=0.7, top_k=3)
 MAX_NEW = 2
 
 
-def plain_distribution(model, prompt: list[int], processors) -> dict:
+@pytest.fixture(scope="module")
+def cross_pair():
+    """Tiny llamas over the toy tokenizers of tests/methods/toys.py: two vocabularies, each
+    spelling some strings in two ways. (target, its tokenizer, drafter, its tokenizer)"""
+    from tests.methods.toys import (
+        DRAFTER_MERGES,
+        DRAFTER_VOCAB,
+        TARGET_MERGES,
+        TARGET_VOCAB,
+        toy_tokenizer,
+    )
+
+    target_tok = toy_tokenizer(TARGET_VOCAB, TARGET_MERGES)
+    drafter_tok = toy_tokenizer(DRAFTER_VOCAB, DRAFTER_MERGES)
+    return (tiny_llama(len(TARGET_VOCAB)), target_tok, tiny_llama(len(DRAFTER_VOCAB), seed=1),
+            drafter_tok)
+
+
+def plain_distribution(model, prompt: list[int], processors, eos: int) -> dict:
     """What transformers' own sampling gives: its processors over the model's logits, by
-    recursion over every sequence of MAX_NEW tokens."""
+    recursion over every sequence of MAX_NEW tokens (or fewer, ending in ``eos``)."""
     dist = {}
 
     def walk(seq, prob):
-        if len(seq) == MAX_NEW:
+        if len(seq) == MAX_NEW or (seq and seq[-1] == eos):
             dist[tuple(seq)] = prob
             return
         ids = torch.tensor([prompt + seq])
@@ -224,29 +242,53 @@ def plain_distribution(model, prompt: list[int], processors) -> dict:
     return dist
 
 
-@pytest.mark.parametrize("method", ["sd", "tli", "slrs"])
-def test_sampling_is_exactly_distributed(tok, target, drafter, method, monkeypatch):
+@pytest.mark.parametrize("pair, method", [("same", "sd"), ("same", "tli"), ("same", "slrs"),
+                                          ("cross", "slem"), ("cross", "tli"), ("cross", "slrs")])
+def test_sampling_is_exactly_distributed(tok, target, drafter, cross_pair, pair, method,
+                                         monkeypatch):
     from transformers import LogitsProcessorList
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-    inputs = batch(tok, PROMPTS[:1])
+    model, model_tok, assistant, assistant_tok = (
+        (target, tok, drafter, tok) if pair == "same" else cross_pair)
+    text = PROMPTS[0] if pair == "same" else "ab"
+    inputs = model_tok([text], return_tensors="pt")
     prompt = inputs["input_ids"][0].tolist()
+    eos = model_tok.eos_token_id
     with torch.no_grad():
-        want = plain_distribution(target, prompt, LogitsProcessorList(
-            [TemperatureLogitsWarper(SAMPLING["temperature"]), TopKLogitsWarper(SAMPLING["top_k"])]))
+        want = plain_distribution(model, prompt, LogitsProcessorList(
+            [TemperatureLogitsWarper(SAMPLING["temperature"]), TopKLogitsWarper(SAMPLING["top_k"])]),
+            eos)
     got, todo, paths = defaultdict(float), [[]], 0
     while todo:
         generator = Enumerator(todo.pop())
         monkeypatch.setattr(anydraft.hf, "row_generator", lambda g=generator: g)
-        out = ours(target, inputs, assistant_model=drafter, tokenizer=tok, max_new_tokens=MAX_NEW,
-                   method=method, draft=DraftConfig(num_draft_tokens=2, adaptive=False), **SAMPLING)
-        got[tuple(out[0, len(prompt):].tolist())] += generator.prob
+        out = ours(model, inputs, assistant_model=assistant, tokenizer=model_tok,
+                   assistant_tokenizer=assistant_tok, max_new_tokens=MAX_NEW, method=method,
+                   eos_token_id=eos, pad_token_id=eos,
+                   draft=DraftConfig(num_draft_tokens=2, adaptive=False), **SAMPLING)
+        new = out[0, len(prompt):].tolist()
+        got[tuple(new[: new.index(eos) + 1] if eos in new else new)] += generator.prob
         todo.extend(generator.alternatives)
         paths += 1
     assert paths > len(want) > 1
     assert abs(sum(got.values()) - 1) < 1e-6  # float32 probabilities
     for seq in set(got) | set(want):  # float32 logits, scored in other groupings: 1e-5
         assert got.get(seq, 0.0) == pytest.approx(want.get(seq, 0.0), abs=1e-5), seq
+
+
+def test_greedy_across_vocabularies(cross_pair):
+    model, model_tok, assistant, assistant_tok = cross_pair
+    inputs = model_tok(["ab"], return_tensors="pt")
+    eos = model_tok.eos_token_id
+    want = model.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                          pad_token_id=eos)
+    for method in ("slem", "tli", "slrs"):
+        got = ours(model, inputs, assistant_model=assistant, tokenizer=model_tok,
+                   assistant_tokenizer=assistant_tok, max_new_tokens=12, do_sample=False,
+                   eos_token_id=eos, pad_token_id=eos, method=method,
+                   draft=DraftConfig(num_draft_tokens=3, adaptive=False))
+        assert torch.equal(got, want), method
 
 
 # -- real models -------------------------------------------------------------------------------
