@@ -87,7 +87,8 @@ class Metrics:
         def metric(kind, name, doc, labels=(), vllm_labels=None, relabel=None, **kw):
             """anydraft's series ``name``; where vLLM has it too (`VLLM`), a `_Tee` that also
             records vLLM's, labelled ``vllm_labels`` (default: ``labels``) and reached through
-            ``relabel`` (a function of the child `_ForModel` and anydraft's label values)."""
+            ``relabel`` (a function of vLLM's series, its fixed labels filled in, and anydraft's
+            label values)."""
             m = kind(name, doc, [*names, *labels], registry=r, **kw)
             ours = _ForModel(m, fixed) if labels else m.labels(*fixed)
             if name not in VLLM:
