@@ -142,6 +142,11 @@ class Decoder:
             ids = tok.encode(text, add_special_tokens=False)
         else:
             ids = tok.encode(prompt, add_special_tokens=True)
+        return self.check_ids(ids)
+
+    def check_ids(self, ids: list[int]) -> list[int]:
+        """``ids``, a prompt's token ids, once they fit the target's context window and vocabulary."""
+        tok = self.target.tokenizer
         limit = self.target.context_window
         if len(ids) >= limit:
             raise AnydraftError(
@@ -179,6 +184,17 @@ class Decoder:
         own), and
         ``cancel``, asked between prompt chunks and before every step (a non-empty answer ends
         generation with that string as the finish reason). Bad input raises here."""
+        params = override(sampling or SamplingParams(), **shortcuts)
+        return self.start_ids(self.prompt_ids(prompt, chat), max_new_tokens, rows=rows,
+                              sampling=params, stop=stop, method=method, cancel=cancel)
+
+    def start_ids(self, ids: list[int], max_new_tokens: int = 128, *, rows: Rows | None = None,
+                  sampling: SamplingParams | None = None, stop: str | Sequence[str] | None = None,
+                  method: str | None = None, cancel: Callable[[], str | None] | None = None,
+                  eos_ids: frozenset[int] | None = None, generator=None) -> Generation:
+        """`start` for a prompt given as token ids (`check_ids`), read as they are; ``eos_ids``
+        (None: the decoder's own) end generation, ``generator`` (None: one of ``sampling``'s)
+        draws every random choice."""
         method = self.draft.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -188,14 +204,15 @@ class Decoder:
             stop = [stop]
         if not all(isinstance(s, str) for s in stop):
             raise AnydraftError("stop must be a string or a list of strings")
-        params = override(sampling or SamplingParams(), **shortcuts)
-        ids = self.prompt_ids(prompt, chat)
+        params = sampling or SamplingParams()
+        ids = self.check_ids(list(ids))
         session = self.target.new_session() if rows is None else RowView(rows.target)
-        state = DecodeState(session, list(ids), params, params.generator(), Stats(),
+        state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
                             drafter_rows=None if rows is None else rows.drafter)
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
         return Generation(state, self._method_factory(method, params, max_new_tokens),
-                          max_new_tokens, self.eos_ids, text, Finish(), cancel)
+                          max_new_tokens, self.eos_ids if eos_ids is None else eos_ids, text,
+                          Finish(), cancel)
 
     def generate(
         self,

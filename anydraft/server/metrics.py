@@ -4,6 +4,10 @@ Every series carries a ``model`` label (the served model id), as vLLM's do, so d
 built for several servers tell them apart. Acceptance is kept as counters (drafts, draft
 tokens, accepted tokens, accepted tokens per draft position) so that PromQL can window it:
 ``rate(anydraft_accepted_tokens_total[5m]) / rate(anydraft_drafted_tokens_total[5m])``.
+
+The quantities vLLM also exports are offered under vLLM's names as well (`VLLM`), with vLLM's
+labels (``model_name``, ``engine``), so dashboards built for a vLLM server read this one too.
+The Grafana dashboard docs/grafana-dashboard.json graphs anydraft's own names.
 """
 
 from __future__ import annotations
@@ -14,6 +18,28 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+# anydraft's series -> vLLM's name for the same quantity (vllm/v1/metrics/loggers.py and
+# vllm/v1/spec_decode/metrics.py); a counter's exported name gains "_total" in both
+VLLM = {
+    "anydraft_drafts": "vllm:spec_decode_num_drafts",
+    "anydraft_drafted_tokens": "vllm:spec_decode_num_draft_tokens",
+    "anydraft_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "anydraft_accepted_tokens_per_position": "vllm:spec_decode_num_accepted_tokens_per_pos",
+    "anydraft_prompt_tokens": "vllm:prompt_tokens",
+    "anydraft_completion_tokens": "vllm:generation_tokens",
+    "anydraft_generations": "vllm:request_success",
+    "anydraft_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "anydraft_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "anydraft_queue_wait_seconds": "vllm:request_queue_time_seconds",
+    "anydraft_queue_waiting": "vllm:num_requests_waiting",
+    "anydraft_active_generations": "vllm:num_requests_running",
+}
+# vLLM's finished_reason values (stop, length, abort) for anydraft's finish reasons; any other
+# (cancelled, timeout, error) ended the request early: abort
+VLLM_FINISHED = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+# vLLM's e2e latency is per generation request; ours also times /health, /metrics, ...
+GENERATION_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 
 
 class _ForModel:
@@ -26,6 +52,29 @@ class _ForModel:
         return self.metric.labels(*self.fixed, *values)
 
 
+class _Tee:
+    """One quantity recorded under anydraft's name and under vLLM's: ``inc``, ``observe`` and
+    ``labels`` (the server's calls) reach both. ``relabel`` turns anydraft's label values into
+    vLLM's child (None: vLLM has no such series for those values)."""
+
+    def __init__(self, ours, theirs, relabel=None):
+        self.ours, self.theirs, self.relabel = ours, theirs, relabel
+
+    def inc(self, amount: float = 1) -> None:
+        self.ours.inc(amount)
+        if self.theirs is not None:
+            self.theirs.inc(amount)
+
+    def observe(self, value: float) -> None:
+        self.ours.observe(value)
+        if self.theirs is not None:
+            self.theirs.observe(value)
+
+    def labels(self, *values):
+        theirs = self.relabel(*values) if self.relabel else self.theirs.labels(*values)
+        return _Tee(self.ours.labels(*values), theirs)
+
+
 class Metrics:
     def __init__(self, scheduler=None, model: str = "", replica: str | None = None):
         """``replica``: a Ray Serve replica's id, as a ``replica`` label on every series
@@ -33,16 +82,30 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         names, fixed = (("model", "replica"), (model, replica)) if replica else (("model",), (model,))
 
-        def metric(kind, name, doc, labels=(), **kw):
+        vllm_names, vllm_fixed = ("model_name", "engine"), (model, replica or "0")
+
+        def metric(kind, name, doc, labels=(), vllm_labels=None, relabel=None, **kw):
+            """anydraft's series ``name``; where vLLM has it too (`VLLM`), a `_Tee` that also
+            records vLLM's, labelled ``vllm_labels`` (default: ``labels``) and reached through
+            ``relabel`` (a function of vLLM's series, its fixed labels filled in, and anydraft's
+            label values)."""
             m = kind(name, doc, [*names, *labels], registry=r, **kw)
-            return _ForModel(m, fixed) if labels else m.labels(*fixed)
+            ours = _ForModel(m, fixed) if labels else m.labels(*fixed)
+            if name not in VLLM:
+                return ours
+            vllm_labels = labels if vllm_labels is None else vllm_labels
+            v = kind(VLLM[name], doc, [*vllm_names, *vllm_labels], registry=r, **kw)
+            theirs = _ForModel(v, vllm_fixed) if vllm_labels else v.labels(*vllm_fixed)
+            return _Tee(ours, theirs, relabel and (lambda *values: relabel(theirs, *values)))
 
         self.requests = metric(Counter, "anydraft_requests", "HTTP requests by endpoint and "
                                "status code (499: the client left first)", ["endpoint", "status"])
         self.errors = metric(Counter, "anydraft_errors", "Error responses by OpenAI error type "
                              "and code", ["type", "code"])
-        self.generations = metric(Counter, "anydraft_generations", "Generations by finish reason "
-                                  "(cancelled: the client went away)", ["finish_reason"])
+        self.generations = metric(
+            Counter, "anydraft_generations", "Generations by finish reason (cancelled: the "
+            "client went away)", ["finish_reason"], vllm_labels=["finished_reason"],
+            relabel=lambda vllm, reason: vllm.labels(VLLM_FINISHED.get(reason, "abort")))
         self.prompt_tokens = metric(Counter, "anydraft_prompt_tokens", "Prompt tokens processed")
         self.completion_tokens = metric(Counter, "anydraft_completion_tokens", "Tokens generated")
         self.drafts = metric(Counter, "anydraft_drafts", "Steps that offered draft tokens to the target")
@@ -61,7 +124,9 @@ class Metrics:
                                          buckets=RATE_BUCKETS)
         self.latency = metric(Histogram, "anydraft_request_latency_seconds",
                               "Time from request arrival to the end of the response",
-                              ["endpoint"], buckets=LATENCY_BUCKETS)
+                              ["endpoint"], buckets=LATENCY_BUCKETS, vllm_labels=[],
+                              relabel=lambda vllm, endpoint:
+                                  vllm if endpoint in GENERATION_ENDPOINTS else None)
         self.ttft = metric(Histogram, "anydraft_time_to_first_token_seconds",
                            "Time from request arrival to the first text delta",
                            buckets=LATENCY_BUCKETS)
@@ -70,10 +135,14 @@ class Metrics:
         self.generation_seconds = metric(Histogram, "anydraft_generation_seconds",
                                          "Decoding time of one generation", buckets=LATENCY_BUCKETS)
         if scheduler is not None:
-            metric(Gauge, "anydraft_queue_waiting",
-                   "Requests waiting for a worker").set_function(lambda: scheduler.waiting)
-            metric(Gauge, "anydraft_active_generations",
-                   "Generations running now").set_function(lambda: scheduler.active)
+            for name, doc, value in (
+                    ("anydraft_queue_waiting", "Requests waiting for a worker",
+                     lambda: scheduler.waiting),
+                    ("anydraft_active_generations", "Generations running now",
+                     lambda: scheduler.active)):
+                gauge = metric(Gauge, name, doc)
+                gauge.ours.set_function(value)
+                gauge.theirs.set_function(value)
         self._lock = threading.Lock()
         self._totals = {"drafted": 0, "accepted": 0, "new_tokens": 0, "target_calls": 0}
 

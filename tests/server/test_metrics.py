@@ -74,6 +74,14 @@ def test_acceptance_metrics_with_a_drafter(small_server):
     ordered = [per_position[str(i)] for i in range(len(per_position))]
     assert ordered == sorted(ordered, reverse=True)  # position i+1 needs position i accepted
     assert total(after, "anydraft_drafted_tokens_total") >= drafts
+    # the same counts under vLLM's names (server/metrics.py VLLM), for dashboards built for vLLM
+    for ours, theirs in [("anydraft_drafts_total", "vllm:spec_decode_num_drafts_total"),
+                         ("anydraft_drafted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
+                         ("anydraft_accepted_tokens_total",
+                          "vllm:spec_decode_num_accepted_tokens_total")]:
+        assert total(after, theirs, model_name="tiny") == total(after, ours) > 0, theirs
+    assert total(after, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") == \
+        per_position["0"]
 
 
 def test_every_series_has_the_model_label(server):
