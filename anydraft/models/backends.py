@@ -139,7 +139,8 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
     if synthetic.is_spec(spec):  # random weights or none: nothing to measure or choose
         if synthetic.parse(spec)[0] == "null":
             tokenizer = tokenizer or load_tokenizer(spec)
-            return LoadedModel(spec, NullModel(spec, tokenizer), tokenizer)
+            # float32: the dtype of its logits, and a dtype whatever reads `dtype` back accepts
+            return LoadedModel(spec, NullModel(spec, tokenizer), tokenizer, "float32")
         if backend == "llamacpp":
             raise AnydraftError(f"{spec!r} has no GGUF file for llama.cpp: use the torch backend")
         backend = "torch"
@@ -154,6 +155,8 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
         if isinstance(spec, llamacpp.LlamaCppModel):
             return LoadedModel(spec.name, spec, tokenizer)
+        if isinstance(spec, NullModel):
+            return LoadedModel(spec.name, spec, tokenizer, "float32")
         check_rollback(spec)
         return LoadedModel(model_name(spec), spec.eval(), tokenizer)
     if backend == "llamacpp":
