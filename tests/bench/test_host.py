@@ -24,7 +24,7 @@ def test_host_per_call_and_the_drafting_share_of_it():
 def test_a_run_counts_its_model_time_and_the_rest_is_host_time():
     require_tokenizers(*PAIR)
     decoder = Decoder(*PAIR, device="cpu", num_draft_tokens=4, adaptive=False)
-    stats = decoder.generate("Write a haiku", 16, method="slem").stats.as_dict()
+    stats = decoder.generate("Write a haiku", 16, method="slem").stats
     assert stats["drafter_model_seconds"] > 0 and stats["drafter_calls"] > 0
     assert stats["drafter_model_seconds"] <= stats["draft_seconds"]
     model = stats["target_seconds"] + stats["drafter_model_seconds"]
