@@ -9,8 +9,8 @@ token (bench/host.py).
 It behaves as a model must for the layers above: the logits at a position depend only on the
 token there and its position (so on the text before it), whether the position is fed alone or
 in a verification of many, and a rollback forgets positions. The table has `TABLE_ROWS` rows;
-each position reads one. EOS and the ids past the tokenizer never win (`MASKED`), so every run
-decodes the tokens it was asked for.
+each position reads one, with the bias of random weights (`synthetic.output_bias`). EOS and the
+ids past the tokenizer never win (`MASKED`), so every run decodes the tokens it was asked for.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ class NullModel:
         self.name, self.vocab_size, self.max_length = spec, synthetic.vocab_size(spec), MAX_LENGTH
         self.eos_ids: tuple[int, ...] = ()  # none: every run decodes what it was asked for
         generator = torch.Generator().manual_seed(synthetic.seed(spec))
+        # what random weights give (models/synthetic/: English-looking words ahead), and never
+        # EOS (a run decodes what it was asked for) or an id past the tokenizer
         self.table = torch.randn(TABLE_ROWS, self.vocab_size, generator=generator)
+        self.table += synthetic.output_bias(tokenizer, self.vocab_size)
         self.table[:, min(len(tokenizer), self.vocab_size):] = MASKED
         eos = {tokenizer.eos_token_id} | set(getattr(tokenizer, "all_special_ids", ()))
         self.table[:, [i for i in eos if i is not None and i < self.vocab_size]] = MASKED

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import tarfile
 import zlib
@@ -41,6 +42,12 @@ SCALES = ("tiny",)
 # the logit of every id past the tokenizer (padding of the output layer): random weights
 # would choose such ids like any other, and no text spells them; real models learn to avoid them
 PADDED_LOGIT = -1e4
+# random weights write any token alike: mostly CJK and fragments, which a drafter of another
+# tokenizer spells byte by byte, so a replay (methods/replay.py) of that text would measure
+# translation on text no model writes. A head start for ASCII words (their logits' spread is
+# about 1) has them write English-looking word salad instead, spelt as such text is.
+WORD_BIAS = 4.0
+WORD = re.compile(rb" ?[A-Za-z]{2,12}[.,]?")  # token bytes: space markers are spaces there
 # what "auto" means for a synthetic model, without measuring (a shape of several GB measured
 # on each path would cost minutes): what each device runs such shapes fastest in
 AUTO_DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
@@ -164,20 +171,29 @@ def build(spec: str, dtype, device: str):
     torch.manual_seed(seed(spec))  # seeds the CPU's and every GPU's generator
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        _mask_padding(model, len(tok))
+        _add_output_bias(model, tok)
     return model.eval()
 
 
-def _mask_padding(model, tokens: int) -> None:
-    """Give the output layer a bias that keeps the ids past the tokenizer's ``tokens`` from
-    ever being chosen (`PADDED_LOGIT`); the weight stays the one it is (tied to the input
+def output_bias(tokenizer, width: int):
+    """The bias random weights' logits get: `PADDED_LOGIT` for the ids past ``tokenizer``, and
+    `WORD_BIAS` for its tokens that are an ASCII word (with or without the space before it)."""
+    import torch
+
+    from ...bridge import token_table
+
+    bias = torch.zeros(width)
+    bias[min(len(tokenizer), width):] = PADDED_LOGIT
+    words = [i for i, b in enumerate(token_table(tokenizer).token_bytes[:width]) if WORD.fullmatch(b)]
+    bias[words] += WORD_BIAS
+    return bias
+
+
+def _add_output_bias(model, tokenizer) -> None:
+    """Give the output layer `output_bias`; its weight stays the one it is (tied to the input
     embeddings where the shape ties them)."""
     import torch
 
     head = model.get_output_embeddings()
-    width = head.weight.shape[0]
-    if tokens >= width:
-        return
-    bias = torch.zeros(width, dtype=head.weight.dtype, device=head.weight.device)
-    bias[tokens:] = PADDED_LOGIT
-    head.bias = torch.nn.Parameter(bias, requires_grad=False)
+    bias = output_bias(tokenizer, head.weight.shape[0])
+    head.bias = torch.nn.Parameter(bias.to(head.weight.device, head.weight.dtype), requires_grad=False)
