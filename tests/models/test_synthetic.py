@@ -104,3 +104,14 @@ def test_every_method_is_plain_decoding_on_synthetic_pairs(pair):
     assert len(plain) == 20
     for method in ("slem", "tli", "slrs", "auto"):
         assert decoder.generate("Write a haiku", 20, method=method).token_ids == plain, method
+
+
+def test_doctor_says_a_model_is_synthetic(monkeypatch, capsys):
+    from anydraft.hardware import doctor, profile
+
+    require_tokenizers("null:smollm2-135m")
+    monkeypatch.setattr(profile, "save", lambda *args, **kwargs: None)  # keep the cache as it is
+    data = doctor.report({"null:smollm2-135m": "drafter"}, device="cpu")
+    assert "no model" in data["models"]["null:smollm2-135m"]["synthetic"]
+    doctor.print_report(data)
+    assert "SYNTHETIC: null:smollm2-135m" in capsys.readouterr().out
