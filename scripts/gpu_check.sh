@@ -30,8 +30,8 @@ fi
 OUT_DIR=${1:-${OUT:-gpu-check-$(date +%Y%m%d-%H%M%S)}}
 py=${PYTHON:-python3}
 # the whole check, and the sections' share of it (the rest: the exhaustive tests, the start)
-LIMIT=${GPU_CHECK_SECONDS:-290}
-BUDGET=${GPU_CHECK_BUDGET:-240}
+LIMIT=${GPU_CHECK_SECONDS:-250}
+BUDGET=${GPU_CHECK_BUDGET:-200}
 
 mkdir -p "$OUT_DIR" || { echo "gpu_check: cannot create $OUT_DIR" >&2; exit 1; }
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -61,7 +61,7 @@ status=0
 timeout "$LIMIT" "$py" -m anydraft.hardware.device_check --out "$OUT_DIR" --budget "$BUDGET" "${DRY[@]}" \
     || status=1
 # the toy enumeration of every method's exactness (its own tensors; seconds)
-timeout 60 "$py" -m pytest -q -p no:cacheprovider tests/methods/test_exhaustive.py \
+timeout 40 "$py" -m pytest -q -p no:cacheprovider tests/methods/test_exhaustive.py \
     >"$OUT_DIR/exhaustive.log" 2>&1 || status=1
 echo "== exhaustive enumeration: $(tail -n 1 "$OUT_DIR/exhaustive.log")"
 cat "$OUT_DIR/summary.md" 2>/dev/null
