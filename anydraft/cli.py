@@ -65,6 +65,19 @@ def cmd_models(args) -> int:
             for r in rows:
                 size = f"{r['size_bytes'] / 2**20:.0f} MiB"
                 print(f"{r['name']:<20} {'yes' if r['installed'] else 'no':<10} {size:>9}  {r['description']}")
+            from .models import synthetic
+
+            print("synthetic shapes (random weights: synthetic:NAME; no model: null:NAME): "
+                  + ", ".join(synthetic.names()))
+        return 0
+    if args.action == "export-tokenizers":
+        from .models import synthetic
+
+        if len(args.names) != 1:
+            raise AnydraftError("name the archive to write, e.g. "
+                                "`anydraft models export-tokenizers .carry/tokenizers.tar.xz`")
+        path = synthetic.export_tokenizers(args.names[0], progress)
+        print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB (unpack into $ANYDRAFT_CACHE)")
         return 0
     if args.action == "quantize":
         from .models.llamacpp import quantize
@@ -124,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="list or install the offline model catalog")
-    m.add_argument("action", choices=["list", "install", "quantize"])
-    m.add_argument("names", nargs="*", help="models to install (or `all`) or to quantize")
+    m.add_argument("action", choices=["list", "install", "quantize", "export-tokenizers"])
+    m.add_argument("names", nargs="*", help="models to install (or `all`) or to quantize; "
+                   "export-tokenizers: the .tar.xz to pack the synthetic models' tokenizers in")
     m.add_argument("--type", default="q4_0", help="quantize: the weight type of the copy (q4_0, q8_0)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_models)

@@ -88,9 +88,9 @@ class Decoder:
             # leaves the drafter's backend to choose
             self.drafter = load(drafter, drafter_backend, drafter_tokenizer, drafter_dtype or dtype,
                                 device, progress, role="drafter", dtype_given=drafter_dtype is not None)
-            # sessions hand out CPU logits, so a model on llama.cpp (the CPU) pairs with a torch
-            # model anywhere; two torch models on different devices are a mistake, though
-            torch_only = "llamacpp" not in (self.target.backend, self.drafter.backend)
+            # sessions hand out CPU logits, so a model on llama.cpp (the CPU) or a null one pairs
+            # with a torch model anywhere; two torch models on different devices are a mistake
+            torch_only = {self.target.backend, self.drafter.backend} == {"torch"}
             if torch_only and self.drafter.device != self.target.device:
                 raise AnydraftError(
                     f"drafter is on {self.drafter.device} but the target is on "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .bound import best_bound, per_token_acceptance
+from .host import host_lines, synthetic_models
 from .runner import backend_sides, label, median
 
 # speedup_vs_ar, decode_speedup_vs_ar (after the target's first call, which takes prefill_seconds),
@@ -74,6 +75,8 @@ def build_meta(settings, command: str, prompts: list[dict], dataset: str) -> dic
         "settings": settings.to_dict() | {"dataset": dataset, "prompts": len(prompts),
                                           "categories": sorted({p["category"] for p in prompts})},
         "notes": list(settings.notes),
+        # what each synthetic model is (random weights, or none): its speeds are not a model's
+        "synthetic": synthetic_models(settings),
     }
 
 
@@ -198,6 +201,9 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         f"chat template {s['chat']}, {s['repeats']} repeat(s) (median), warm-up {'on' if s['warmup'] else 'off'}",
         "",
     ]
+    if meta.get("synthetic"):
+        lines += ["**Synthetic models: speeds of shapes, not of trained models; their text is "
+                  "noise.**", "", *(f"- {line}" for line in meta["synthetic"]), ""]
     bad = mismatches(rows)
     if bad:
         lines += ["## !!! GREEDY MISMATCH: output differs from plain decoding (AR) !!!", "",
@@ -223,6 +229,7 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
     lines += _table({key: aggregate(v, k) for key, v in sorted(group_rows(rows, True).items(), key=lambda kv: kv[0][0])},
                     ["category", "method"], *cols)
     lines += [""]
+    lines += host_lines(group_rows([r for r in rows if r["method"] != "hf"], False))
     if meta["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in meta["notes"]] + [""]
     if plots:

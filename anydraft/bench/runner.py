@@ -20,6 +20,7 @@ from ..hardware.profile import curve_of
 from ..models.backends import BACKENDS
 from ..sampling import SamplingParams
 from .bound import best_bound, cost_ratio, per_token_acceptance, verify_costs
+from .host import host_fields
 
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only
@@ -437,6 +438,7 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
                          "mean_accepted", "draft_seconds", "target_seconds", "translate_seconds"):
                 row[stat] = s[stat]
             row["acceptance"] = s["acceptance_rate"] if s["drafted"] else None
+            row |= host_fields(s, ar_s)
         if method not in ("ar", *BASELINES) and s["drafted"]:
             a = per_token_acceptance(s["accepted"], s["rejected"])
             c = 0.0 if not s["drafter_calls"] else cost_ratio(  # copies cost no drafter pass

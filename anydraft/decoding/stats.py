@@ -24,6 +24,9 @@ class Stats:
     accepted_per_position: list = field(default_factory=list)  # [i]: drafts whose token i was kept
     target_tokens: int = 0  # tokens the target chose itself: new_tokens = accepted + target_tokens
     prefill_seconds: float = 0.0  # the target's first call: it reads the prompt
+    # inside the drafter's model calls (part of the draft phase, which also holds the drafting
+    # bookkeeping): with the target phase, the model time; the rest of the wall time is the host's
+    drafter_model_seconds: float = 0.0
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @contextmanager
@@ -57,5 +60,9 @@ class Stats:
             "target_seconds": self.phase_seconds["target"],
             "translate_seconds": self.phase_seconds["translate"],
             "prefill_seconds": self.prefill_seconds,
+            "drafter_model_seconds": self.drafter_model_seconds,
+            # everything but the models' calls: anydraft's own work (bench/host.py)
+            "host_seconds": max(0.0, self.seconds - self.phase_seconds["target"]
+                                - self.drafter_model_seconds),
             "other_seconds": other,
         }

@@ -143,6 +143,7 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
             seconds = time.perf_counter() - start
             for i in feeds:
                 rows[i].state.stats.phase_seconds["draft"] += seconds
+                rows[i].state.stats.drafter_model_seconds += seconds
                 feeds[i] = _advance(rows[i], drafting[i], logits[rows[i].drafter.session.row][-1], out, i)
     return out, reads
 

@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..errors import AnydraftError
+from ..models import synthetic
 from . import profile
 from .machine import this_machine
 
@@ -52,6 +53,8 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
         copies = quantized(spec, quantize, remeasure, progress) if llama is not None else {}
         paths.update({copy_path(kind): curve for kind, (_, curve) in copies.items()})
         out["models"][spec] = {
+            # random weights or none (models/synthetic/): the speeds of a shape, said so
+            "synthetic": synthetic.describe(spec) if synthetic.is_spec(spec) else None,
             "curves_ms": {path: {m: round(s * 1e3, 2) for m, s in c.items()} for path, c in paths.items()},
             "tokens_per_s": {path: round(profile.rate(c), 2) for path, c in paths.items()},
             # a server's rows (`--max-batch auto`) and their tokens/s: B one-token rows a call
@@ -111,6 +114,8 @@ def print_report(data: dict) -> None:
         # curves cached before a size was added lack it
         sizes = sorted({int(s) for curve in m["curves_ms"].values() for s in curve})
         print(f"\n{spec}: ms to score M tokens in one call after {profile.CONTEXT} tokens")
+        if m.get("synthetic"):
+            print(f"SYNTHETIC: {m['synthetic']}")
         print("| path | " + " | ".join(f"M={s}" for s in sizes) + " | best tokens/s | served: rows, tokens/s |")
         print("|---|" + "---|" * (len(sizes) + 2))
         for path, curve in m["curves_ms"].items():

@@ -14,6 +14,7 @@ the text changes; the target verifies every proposal, so the output stays the ta
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -60,7 +61,13 @@ class Drafter:
         distribution each was drawn from (`drafting`, which says how)."""
         with self.stats.timed("draft"):
             return drive(self.drafting(k, to_probs, greedy, generator, confidence, stop_ids, read),
-                         lambda ids: self.session.feed(ids, rows=1)[-1])
+                         self._feed)
+
+    def _feed(self, ids: list[int]) -> torch.Tensor:
+        start = time.perf_counter()
+        logits = self.session.feed(ids, rows=1)[-1]
+        self.stats.drafter_model_seconds += time.perf_counter() - start
+        return logits
 
     def drafting(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
                  greedy: bool, generator: torch.Generator, confidence: float,

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import AnydraftError
-from . import llamacpp
+from . import llamacpp, synthetic
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve, resolve_device
+from .null import NullModel
 from .session import HFSession, Session, check_rollback, context_window, model_name
 
 BACKENDS = ("torch", "llamacpp")
@@ -65,12 +66,22 @@ class LoadedModel:
 
     @property
     def backend(self) -> str:
+        if isinstance(self.model, NullModel):
+            return "null"
         return "llamacpp" if isinstance(self.model, llamacpp.LlamaCppModel) else "torch"
 
     @property
+    def _runs_itself(self) -> bool:
+        """A model object of ours that knows its width, window and EOS ids (not a torch module)."""
+        return isinstance(self.model, (llamacpp.LlamaCppModel, NullModel))
+
+    @property
     def path(self) -> str:
-        """How it runs, for people: "llama.cpp (GGUF)" or "torch <dtype>"."""
-        return "llama.cpp (GGUF)" if self.backend == "llamacpp" else f"torch {self.dtype or 'as given'}"
+        """How it runs, for people: "llama.cpp (GGUF)", "null (fixed logits)" or "torch <dtype>",
+        with "synthetic" for random weights (models/synthetic/)."""
+        if self.backend != "torch":
+            return {"llamacpp": "llama.cpp (GGUF)", "null": "null (fixed logits, synthetic)"}[self.backend]
+        return f"torch {self.dtype or 'as given'}" + (", synthetic" if synthetic.is_spec(self.name) else "")
 
     def new_session(self) -> Session:
         if hasattr(self.model, "new_session"):  # llama.cpp, or compiled on a static cache
@@ -87,6 +98,8 @@ class LoadedModel:
 
         if not self.batches:
             return SerialBatch(self.new_session, max_rows)
+        if isinstance(self.model, NullModel):
+            return self.model.new_batch(max_rows)
         if isinstance(self.model, llamacpp.LlamaCppModel):
             return llamacpp.LlamaCppBatch(self.model, max_rows)
         return TorchBatch(self.model, max_rows)
@@ -96,12 +109,12 @@ class LoadedModel:
         """Whether `new_batch` scores all its rows in one call (not one after another)."""
         from .rows import batchable
 
-        return isinstance(self.model, llamacpp.LlamaCppModel) or (
+        return self._runs_itself or (
             not hasattr(self.model, "new_session") and batchable(self.model))
 
     @property
     def logits_width(self) -> int:
-        if isinstance(self.model, llamacpp.LlamaCppModel):
+        if self._runs_itself:
             return self.model.vocab_size
         return self.model.get_output_embeddings().weight.shape[0]
 
@@ -113,7 +126,7 @@ class LoadedModel:
 
     @property
     def device(self):
-        if isinstance(self.model, llamacpp.LlamaCppModel):
+        if self._runs_itself:
             import torch
 
             return torch.device("cpu")
@@ -122,7 +135,7 @@ class LoadedModel:
     @property
     def model_eos_ids(self) -> set[int]:
         """End-of-generation ids the model files declare beyond the tokenizer's EOS."""
-        if isinstance(self.model, llamacpp.LlamaCppModel):
+        if self._runs_itself:
             return set(self.model.eos_ids)
         eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         if eos is None:
@@ -152,6 +165,16 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         backend = backend_for(backend, dtype, role)
     device = resolve_device(device)
     model = None
+    if synthetic.is_spec(spec):  # random weights or none: nothing to measure or choose
+        if synthetic.parse(spec)[0] == "null":
+            tokenizer = tokenizer or load_tokenizer(spec)
+            # float32: the dtype of its logits, and a dtype whatever reads `dtype` back accepts
+            return LoadedModel(spec, NullModel(spec, tokenizer), tokenizer, "float32")
+        if backend == "llamacpp":
+            raise AnydraftError(f"{spec!r} has no GGUF file for llama.cpp: use the torch backend")
+        backend = "torch"
+        if dtype == AUTO:
+            dtype = synthetic.default_dtype(device)
     if backend == AUTO and isinstance(spec, str):
         from ..hardware.profile import choose_backend
 
@@ -161,6 +184,8 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
         if isinstance(spec, llamacpp.LlamaCppModel):
             return LoadedModel(spec.name, spec, tokenizer)
+        if isinstance(spec, NullModel):
+            return LoadedModel(spec.name, spec, tokenizer, "float32")
         check_rollback(spec)
         return LoadedModel(model_name(spec), spec.eval(), tokenizer)
     if backend == "llamacpp":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..atomic import replacing
 from ..errors import AnydraftError
-from . import catalog
+from . import catalog, synthetic
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
@@ -49,6 +49,9 @@ def resolve(spec: str) -> ModelSource:
     """Turn a user's model spec into a `ModelSource`; clear error for anything unusable."""
     if not isinstance(spec, str) or not spec.strip():
         raise AnydraftError("model spec is empty: pass a catalog name, a hub id, a directory or a .gguf file")
+    if synthetic.is_spec(spec):  # built, not read: no files
+        synthetic.parse(spec)
+        return ModelSource(spec, spec)
     if spec in catalog.CATALOG:
         entry = catalog.CATALOG[spec]
         if not entry.installed:
@@ -70,7 +73,8 @@ def resolve(spec: str) -> ModelSource:
         return ModelSource(spec, spec, hub=True)
     raise AnydraftError(
         f"unknown model {spec!r}: not a catalog name ({', '.join(catalog.CATALOG)}), "
-        "an existing directory, a .gguf file or a hub id of the form owner/name"
+        "an existing directory, a .gguf file, a hub id of the form owner/name, or a synthetic "
+        "model (synthetic:NAME or null:NAME, NAME one of " + ", ".join(synthetic.names()) + ")"
     )
 
 
@@ -94,6 +98,8 @@ def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
     source = resolve(spec)
+    if synthetic.is_spec(spec):
+        return synthetic.tokenizer(spec)
     if source.gguf_file is not None:
         tok_dir = source.converted_dir / "tokenizer"
         if (tok_dir / "tokenizer_config.json").is_file():
@@ -168,20 +174,10 @@ def resolve_device(device) -> str:
     return name
 
 
-def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
-    """Load ``spec`` as an eval-mode ``AutoModelForCausalLM`` in ``dtype`` on ``device``
-    (`resolve_device`).
-
-    A GGUF file is converted once (dequantized to float32 safetensors in the cache); later
-    loads read the cache and cast to ``dtype``.
-    """
+def _from_files(spec: str, source: ModelSource, torch_dtype, progress=None):
+    """The transformers model in ``source``'s files (a GGUF converted once), on the CPU."""
     from transformers import AutoModelForCausalLM
 
-    device = resolve_device(device)
-    torch_dtype = parse_dtype(dtype, device=device)
-    kernel = split_kernels(dtype)[1]
-    source = resolve(spec)
-    start = time.perf_counter()
     if source.gguf_file is not None:
         target = source.converted_dir / "model"
         if not (target / "config.json").is_file():
@@ -204,10 +200,31 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
     else:
         path = source.path
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except OSError as exc:
         raise _hub_error(source, exc) from exc
-    model.to(device).eval()
+
+
+def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
+    """Load ``spec`` as an eval-mode ``AutoModelForCausalLM`` in ``dtype`` on ``device``
+    (`resolve_device`).
+
+    A GGUF file is converted once (dequantized to float32 safetensors in the cache); later
+    loads read the cache and cast to ``dtype``. A synthetic model (models/synthetic/) is
+    built on ``device`` with random weights.
+    """
+    device = resolve_device(device)
+    torch_dtype = parse_dtype(dtype, device=device)
+    kernel = split_kernels(dtype)[1]
+    source = resolve(spec)
+    start = time.perf_counter()
+    if synthetic.is_spec(spec):
+        if synthetic.parse(spec)[0] != "synthetic":
+            raise AnydraftError(f"{spec!r} has no torch model (null models are loaded by "
+                                "models.backends.load): use synthetic:NAME for random weights")
+        model = synthetic.build(spec, torch_dtype, device)
+    else:
+        model = _from_files(spec, source, torch_dtype, progress).to(device).eval()
     if kernel == "onednn":
         from .kernels import pack
 
