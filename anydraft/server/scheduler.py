@@ -46,7 +46,14 @@ class SchedulerClosed(Exception):
 
 
 class DecodingFailed(Exception):
-    """A step failed after the request was accepted: the server's fault (500), not the request's."""
+    """A step failed after the request was accepted: the server's fault (500), not the request's.
+    Its ``__cause__`` is what failed, so the log line of the 500 carries that traceback."""
+
+    @classmethod
+    def of(cls, cause: BaseException) -> DecodingFailed:
+        error = cls(f"{type(cause).__name__}: {cause}")
+        error.__cause__ = cause  # as `raise ... from cause` chains it: the event carries it
+        return error
 
 
 @dataclass(eq=False)
@@ -193,13 +200,18 @@ class Scheduler:
             try:
                 news = batch.run_once()
             except BaseException as exc:  # noqa: BLE001 - a step must never take the worker down
-                # the shared call failed: every row of it fails, and the batch starts afresh
+                # a shared call failed (a row's own failure ends that row alone, in `news`):
+                # every row of it fails, and the batch starts afresh
                 for generation in batch.clear():
-                    self._end(jobs.pop(generation), "error", DecodingFailed(str(exc)))
+                    self._end(jobs.pop(generation), "error", DecodingFailed.of(exc))
                 rows = new_rows()
                 continue
             for generation, done in news:
                 job = jobs[generation]
+                if generation.error is not None:
+                    del jobs[generation]
+                    self._end(job, "error", DecodingFailed.of(generation.error))
+                    continue
                 piece = generation.piece()  # once done: all that is left
                 # a step that showed no text goes out with the next piece; the last ones, if
                 # they showed none, with a piece of no text (its steps, for the final chunk)

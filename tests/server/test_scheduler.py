@@ -16,7 +16,7 @@ class Finished:
     """A generation without a model: ``work()`` runs when the batch starts it, and then it is
     done (its output is ``work``'s return value as the text)."""
 
-    row = None
+    row = error = None
 
     def __init__(self, work):
         self.work, self.done, self.text = work, False, ""
@@ -27,6 +27,9 @@ class Finished:
 
     def ready(self) -> bool:
         return False
+
+    def fail(self, error) -> None:
+        self.error, self.done = error, True
 
     def leave(self) -> None:
         pass
