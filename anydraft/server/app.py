@@ -52,6 +52,7 @@ log = logging.getLogger("anydraft.server")
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
                   "timeout": "length"}
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
+DRAIN_POLL = 0.05  # seconds between checks, while draining, that every request has ended
 ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}
 PUBLIC = {"/health", "/"}  # answered without the API key (neither shows anything secret)
 PLAYGROUND = Path(__file__).parent / "static" / "playground.html"
@@ -87,6 +88,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # empty: no CORS headers
     replica: str | None = None  # a Ray Serve replica's id: a `replica` label on every metric
     stats: str | None = None  # --stats: the learned statistics are written here at shutdown
+    shutdown_timeout: float = 30.0  # --shutdown-timeout: seconds a drain lets requests finish
 
 
 def public_name(name: str | None) -> str | None:
@@ -352,9 +354,23 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             if config.stats:
                 await asyncio.to_thread(save_stats, decoders, config.stats)
 
+    async def drain() -> None:
+        """Stop taking requests (503 with Retry-After), let the accepted ones finish for up to
+        ``config.shutdown_timeout`` s, then end the rest (each open stream with an error event
+        and [DONE], one log line each: `Scheduler.close`). shutdown.py calls it on SIGTERM."""
+        scheduler.stop_taking()
+        log.warning("shutting down: %d requests running, %d waiting; they have %g s to finish",
+                    scheduler.active, scheduler.waiting, config.shutdown_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.shutdown_timeout
+        while (scheduler.active or scheduler.waiting) and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL)
+        await asyncio.to_thread(scheduler.close)
+
     app = FastAPI(title="anydraft", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.scheduler, app.state.metrics, app.state.config = scheduler, metrics, config
+    app.state.drain = drain
 
     def error_response(err: ApiError) -> JSONResponse:
         metrics.errors.labels(err.type, err.code or "").inc()
@@ -613,6 +629,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
+        if not scheduler.taking:  # a load balancer takes a draining server out of rotation
+            return JSONResponse({"status": "shutting down", "model": config.model_id,
+                                 "waiting": scheduler.waiting, "active": scheduler.active},
+                                status_code=503, headers={"Retry-After": "5"})
         return {"status": "ok", "model": config.model_id, "waiting": scheduler.waiting,
                 "active": scheduler.active, "workers": len(decoders), "max_batch": config.max_batch,
                 "target_path": dec0.target.path,  # how the target runs: "torch bfloat16", ...

@@ -67,6 +67,10 @@ def register(sub) -> None:
                         "from FILE where it exists and the server writes FILE at shutdown, so "
                         "the next start (or a new replica) drafts well at once; with --ray, a "
                         "path every replica can reach (shared storage on a cluster)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C, seconds the running requests have to finish while "
+                        "new ones get 503; then each still open ends with an error event "
+                        "(default 30; a second signal ends at once)")
     s.add_argument("--log-level", default="info")
     add_ray_options(s)
     s.set_defaults(func=cmd_serve)
@@ -113,6 +117,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise AnydraftError(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.shutdown_timeout >= 0:
+        raise AnydraftError("--shutdown-timeout must be a number of seconds >= 0")
     for name in ("request_timeout", "body_timeout"):
         value = getattr(args, name)
         if value is not None and not value > 0:
@@ -147,7 +153,8 @@ def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None,
         request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
         trusted_proxies=_proxies(args),
         allowed_hosts=tuple(h.lower().strip("[]") for h in allowed_hosts) if allowed_hosts else None,
-        cors_origins=tuple(args.cors_origins), stats=args.stats, **extra)
+        cors_origins=tuple(args.cors_origins), stats=args.stats,
+        shutdown_timeout=args.shutdown_timeout, **extra)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -171,6 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AnydraftError(
             f"anydraft serve needs the server extra ({exc.name} is missing): "
             "pip install 'anydraft[server]'") from exc
+    from .shutdown import DrainingServer
     from .workers import build_workers
 
     decoders, max_batch = build_workers(args)
@@ -182,9 +190,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     # proxy headers are read by the app, and only from --trusted-proxies: uvicorn's own
     # default would believe any X-Forwarded-For sent from 127.0.0.1
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5, proxy_headers=False,
-                limit_concurrency=args.max_connections)
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.log_level, proxy_headers=False,
+                                           limit_concurrency=args.max_connections),
+                            app.state.drain)
+    server.run()
     return 0
 
 
