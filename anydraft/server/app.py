@@ -40,8 +40,9 @@ from ..errors import AnydraftError
 from ..hardware.profile import MIN_READ
 from ..sampling import SamplingParams
 from .cli import is_loopback
+from .connections import ALWAYS, Connections
 from .metrics import Metrics
-from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed
+from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed, fair_share
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .workers import save_stats
 
@@ -89,6 +90,9 @@ class ServerConfig:
     replica: str | None = None  # a Ray Serve replica's id: a `replica` label on every metric
     stats: str | None = None  # --stats: the learned statistics are written here at shutdown
     shutdown_timeout: float = 30.0  # --shutdown-timeout: seconds a drain lets requests finish
+    max_connections: int = 256  # open connections served (connections.py)
+    max_connections_per_client: int | None = None  # None: fair_share(max_connections)
+    head_timeout: float = 5.0  # seconds a connection has to send a complete request head
 
 
 def public_name(name: str | None) -> str | None:
@@ -270,8 +274,8 @@ class Gate:
     """ASGI middleware: the Host check, bearer auth (except `PUBLIC` paths) and per-endpoint
     request metrics (499 for a client that left, streaming or not)."""
 
-    def __init__(self, app, config: ServerConfig, metrics: Metrics):
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app, config: ServerConfig, metrics: Metrics, connections: Connections):
+        self.app, self.config, self.metrics, self.connections = app, config, metrics, connections
         self._key = config.api_key.encode() if config.api_key else None
 
     def _host_allowed(self, scope) -> bool:
@@ -309,7 +313,12 @@ class Gate:
             await send(message)
 
         try:
-            if not self._host_allowed(scope):
+            if self.connections.total > self.connections.max_total and path not in ALWAYS:
+                err = ApiError(503, f"the server has more than {self.connections.max_total} open "
+                                    "connections (--max-connections): try again later",
+                               type="server_error", code="too_many_connections")
+                await self._refuse(err, scope, receive, send_tracked, {"Retry-After": "1"})
+            elif not self._host_allowed(scope):
                 err = ApiError(400, f"Host {host_name(scope)!r} is not served here: use a loopback "
                                     "address, or start the server with --allowed-hosts",
                                code="invalid_host")
@@ -339,6 +348,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client, config.max_batch,
                           config.min_read)
     metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
+    per_client = config.max_connections_per_client
+    connections = Connections(config.max_connections,
+                              fair_share(config.max_connections) if per_client is None else per_client,
+                              config.head_timeout, config.trusted_proxies)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
     page = PLAYGROUND.read_text(encoding="utf-8")
@@ -371,6 +384,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                   openapi_url=None)
     app.state.scheduler, app.state.metrics, app.state.config = scheduler, metrics, config
     app.state.drain = drain
+    app.state.connections = connections  # its `protocol()` is what uvicorn runs (cli.py)
 
     def error_response(err: ApiError) -> JSONResponse:
         metrics.errors.labels(err.type, err.code or "").inc()
@@ -391,7 +405,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         return error_response(ApiError(exc.status_code, msg, code=code,
                                        headers=getattr(exc, "headers", None)))
 
-    app.add_middleware(Gate, config=config, metrics=metrics)
+    app.add_middleware(Gate, config=config, metrics=metrics, connections=connections)
     if config.cors_origins:  # outside the Gate: a browser's preflight carries no API key
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                            allow_methods=["GET", "POST", "HEAD"],

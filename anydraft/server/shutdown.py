@@ -24,6 +24,11 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AFTER_DRAIN = 1.0
 
 
+def run(app, drain: Callable[[], Awaitable[None]], **options) -> None:
+    """``uvicorn.run(app, **options)``, draining with ``drain`` on the first signal."""
+    DrainingServer(uvicorn.Config(app, **options), drain).run()
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]):
         config.timeout_graceful_shutdown = AFTER_DRAIN
