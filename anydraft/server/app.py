@@ -93,6 +93,8 @@ class ServerConfig:
     max_connections: int = 256  # open connections served (connections.py)
     max_connections_per_client: int | None = None  # None: fair_share(max_connections)
     head_timeout: float = 5.0  # seconds a connection has to send a complete request head
+    # --allow-special-in-content: special tokens typed in messages act as control tokens
+    allow_special_in_content: bool = False
 
 
 def public_name(name: str | None) -> str | None:
@@ -449,7 +451,8 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
         prompt_param = "messages" if chat else "prompt"
         kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
-                      stop=req.stop_list, method=req.anydraft_method)
+                      stop=req.stop_list, method=req.anydraft_method,
+                      special_in_content=config.allow_special_in_content)
 
         def start(decoder, rows, job: Job):  # what fails here is the request's fault
             generation = decoder.start(prompt, rows=rows, cancel=job.stop_reason, **kwargs)

@@ -75,6 +75,10 @@ def register(sub) -> None:
                         "from FILE where it exists and the server writes FILE at shutdown, so "
                         "the next start (or a new replica) drafts well at once; with --ray, a "
                         "path every replica can reach (shared storage on a cluster)")
+    s.add_argument("--allow-special-in-content", action="store_true",
+                   help="read special tokens typed in chat messages (<|im_start|>, ...) as control "
+                        "tokens, as the chat template's own are; by default they are text, so a "
+                        "user cannot open turns of their own")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM or Ctrl-C, seconds the running requests have to finish while "
                         "new ones get 503; then each still open ends with an error event "
@@ -165,7 +169,8 @@ def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None,
         cors_origins=tuple(args.cors_origins), stats=args.stats,
         shutdown_timeout=args.shutdown_timeout, max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client,
-        head_timeout=args.head_timeout, **extra)
+        head_timeout=args.head_timeout, allow_special_in_content=args.allow_special_in_content,
+        **extra)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

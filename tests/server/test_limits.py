@@ -94,7 +94,8 @@ def test_cli_passes_limits_and_safety_options(served):
                  "1.5", "--request-timeout", "30", "--max-prompt-tokens",
                  "100", "--body-timeout", "5", "--max-queued-per-client", "3",
                  "--trusted-proxies", "10.0.0.0/8,127.0.0.1", "--allowed-hosts", "API.example,[::1]",
-                 "--cors-origins", "https://a.example", "--min-read", "4")
+                 "--cors-origins", "https://a.example", "--min-read", "4",
+                 "--allow-special-in-content", "--shutdown-timeout", "7")
     connections = got["app"].state.connections
     assert (connections.max_total, connections.per_client, connections.head_timeout) == (7, 2, 1.5)
     assert got["http"].__name__ == "Bounded" and got["proxy_headers"] is False
@@ -107,6 +108,7 @@ def test_cli_passes_limits_and_safety_options(served):
                                    ipaddress.ip_network("127.0.0.1/32"))
     assert cfg.allowed_hosts == ("api.example", "::1") and cfg.cors_origins == ("https://a.example",)
     assert cfg.model_id == "tiny-model"  # a path is not shown to clients
+    assert cfg.allow_special_in_content and cfg.shutdown_timeout == 7
 
 
 def test_cli_defaults(served):
@@ -114,6 +116,7 @@ def test_cli_defaults(served):
     cfg = got["app"].state.config
     assert cfg.allowed_hosts is None and cfg.cors_origins == () and cfg.trusted_proxies == ()
     assert cfg.request_timeout is None and got["proxy_headers"] is False
+    assert not cfg.allow_special_in_content
     assert got["app"].state.scheduler.max_per_client == 16  # a quarter of --max-queue 64
     assert got["app"].state.connections.per_client == 64  # a quarter of --max-connections 256
     assert served("--host", "0.0.0.0")["app"].state.config.allowed_hosts == ("*",)
