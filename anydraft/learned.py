@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 from .errors import AnydraftError
@@ -130,10 +130,12 @@ def _costs(data: dict) -> Costs:
 def save(decoder, path) -> None:
     """Write ``decoder``'s learned statistics to ``path`` atomically (a temporary file in the
     same folder, then renamed over it): a reader never sees half a file, and of several
-    writers the last one wins."""
+    writers the last one wins. Its permissions follow the umask, as any file the user writes
+    (a `tempfile.mkstemp` file would stay 0600, readable by its owner alone)."""
     path = Path(path)
     text = json.dumps(to_json(decoder), indent=1)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
+    tmp = path.parent / f"{path.name}.{uuid.uuid4().hex}.partial"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

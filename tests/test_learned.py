@@ -123,6 +123,19 @@ def test_a_bad_file_is_refused_with_the_fix(trained, text, error):
     assert learned.to_json(seeded) == before  # nothing half-seeded
 
 
+def test_the_file_follows_the_umask(tmp_path):
+    """Issue 42: it was written 0600 whatever the umask (a temporary file's mode)."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        learned.save(decoder(), tmp_path / "stats.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "stats.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["stats.json"]  # no partial file left
+
+
 def test_a_missing_file_says_so(tmp_path):
     with pytest.raises(AnydraftError, match="not found"):
         learned.load(decoder(), tmp_path / "none.json")

@@ -54,13 +54,16 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": 
                   "timeout": "length"}
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
 DRAIN_POLL = 0.05  # seconds between checks, while draining, that every request has ended
-ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}
-PUBLIC = {"/health", "/"}  # answered without the API key (neither shows anything secret)
+ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/",
+             "/playground.js"}
+# answered without the API key (none shows anything secret; /health only its status)
+PUBLIC = {"/health", "/", "/playground.js"}
 PLAYGROUND = Path(__file__).parent / "static" / "playground.html"
-# the page is one self-contained file: it may load nothing from anywhere, call only this
-# server, and not be framed by another site
+PLAYGROUND_SCRIPT = PLAYGROUND.with_suffix(".js")
+# the page may run only its own script file (no inline script: an injected one cannot run),
+# load nothing from anywhere else, call only this server, and not be framed by another site
 PLAYGROUND_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; "
                                "style-src 'unsafe-inline'; connect-src 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -312,6 +315,11 @@ class Gate:
         async def send_tracked(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
+                    # a browser must not read a JSON error (or anything else) as HTML
+                    headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
@@ -330,6 +338,8 @@ class Gate:
                                code="invalid_api_key")
                 await self._refuse(err, scope, receive, send_tracked, {"WWW-Authenticate": "Bearer"})
             else:
+                # /health shows its details to key holders only (`health`)
+                scope["state"]["authorized"] = self._key is None or self._authorized(scope)
                 await self.app(scope, receive, send_tracked)
         except ClientDisconnect:  # a response could not be sent: its client left
             scope["state"]["client_gone"] = True
@@ -357,6 +367,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     dec0 = decoders[0]
     ctx = dec0.target.context_window
     page = PLAYGROUND.read_text(encoding="utf-8")
+    script = PLAYGROUND_SCRIPT.read_text(encoding="utf-8")
     created = int(time.time())
 
     @asynccontextmanager
@@ -632,6 +643,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     async def playground():
         return HTMLResponse(page, headers=PLAYGROUND_HEADERS)
 
+    @app.get("/playground.js")
+    async def playground_script():
+        return Response(script, media_type="text/javascript; charset=utf-8", headers=PLAYGROUND_HEADERS)
+
     @app.get("/v1/models")
     async def models():
         drafter = decoders[0].drafter
@@ -645,18 +660,20 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         }]}
 
     @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health():
-        if not scheduler.taking:  # a load balancer takes a draining server out of rotation
-            return JSONResponse({"status": "shutting down", "model": config.model_id,
-                                 "waiting": scheduler.waiting, "active": scheduler.active},
-                                status_code=503, headers={"Retry-After": "5"})
-        return {"status": "ok", "model": config.model_id, "waiting": scheduler.waiting,
-                "active": scheduler.active, "workers": len(decoders), "max_batch": config.max_batch,
+    async def health(request: Request):
+        body = {"status": "ok" if scheduler.taking else "shutting down"}
+        if request.scope["state"].get("authorized"):  # no --api-key, or the key was sent
+            body |= {
+                "model": config.model_id, "waiting": scheduler.waiting, "active": scheduler.active,
+                "workers": len(decoders), "max_batch": config.max_batch,
                 "target_path": dec0.target.path,  # how the target runs: "torch bfloat16", ...
                 # seconds to score M tokens in one call, as measured on this machine
                 # (hardware/profile.py; {} where none was cached when the models loaded): what
                 # bench-serve's bound reads
                 "cost_curve": {str(m): s for m, s in sorted(decoders[0].estimates.costs.profile.items())}}
+        if not scheduler.taking:  # a load balancer takes a draining server out of rotation
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        return body
 
     @app.get("/metrics")
     async def prometheus():
