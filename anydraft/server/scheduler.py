@@ -221,26 +221,36 @@ class Scheduler:
                 news = batch.run_once()
             except BaseException as exc:  # noqa: BLE001 - a step must never take the worker down
                 # a shared call failed (a row's own failure ends that row alone, in `news`):
-                # every row of it fails, and the batch starts afresh
-                for generation in batch.clear():
-                    self._end(jobs.pop(generation), "error", DecodingFailed.of(exc))
+                # every row of it fails, and the batch starts afresh. The generations that had
+                # ended before the call (not in the batch any more) are reported as they ended
+                batch.clear()
+                for generation, job in list(jobs.items()):
+                    if generation.done and generation.error is None:
+                        generation.leave()
+                        self._report(generation, True, jobs)
+                    else:
+                        del jobs[generation]
+                        self._end(job, "error", DecodingFailed.of(exc))
                 rows = new_rows()
                 continue
             for generation, done in news:
-                job = jobs[generation]
-                if generation.error is not None:
-                    del jobs[generation]
-                    self._end(job, "error", DecodingFailed.of(generation.error))
-                    continue
-                piece = generation.piece()  # once done: all that is left
-                # a step that showed no text goes out with the next piece; the last ones, if
-                # they showed none, with a piece of no text (its steps, for the final chunk)
-                if piece.text or (done and piece.steps):
-                    job.emit("delta", piece)
-                if done:
-                    _, output = generation.result()
-                    del jobs[generation]
-                    self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
+                self._report(generation, done, jobs)
+
+    def _report(self, generation, done: bool, jobs: dict) -> None:
+        """Send ``generation``'s news to its job: new text, and, once ``done``, how it ended."""
+        job = jobs[generation]
+        if generation.error is not None:
+            del jobs[generation]
+            return self._end(job, "error", DecodingFailed.of(generation.error))
+        piece = generation.piece()  # once done: all that is left
+        # a step that showed no text goes out with the next piece; the last ones, if they
+        # showed none, with a piece of no text (its steps, for the final chunk)
+        if piece.text or (done and piece.steps):
+            job.emit("delta", piece)
+        if done:
+            _, output = generation.result()
+            del jobs[generation]
+            self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
 
     def _begin(self, decoder, rows, job: Job, batch, jobs: dict) -> None:
         """Start ``job``'s generation in ``batch`` (or report why not)."""
