@@ -262,10 +262,10 @@ class Batch:
     """Generations stepping together (continuous batching, issue 21): each `run_once` starts the
     generations that joined since the last one, then runs ONE step of every unfinished
     generation, in which the rows whose targets are rows of one `BatchSession` are scored in
-    one target call (`step.step`). A generation whose own work fails ends alone (`Generation.
-    fail`, reported done); only a failure of a shared call raises from `run_once`. A joining prompt is read at once while nothing else decodes;
+    one target call (`step.step`). A joining prompt is read at once while nothing else decodes;
     otherwise a part of it rides in each step's call (`step.read_budget`), so that it does not
-    stall the others. A generation joins whenever it likes and leaves as soon as it finishes or
+    stall the others. A generation whose own work fails ends alone (`Generation.fail`, reported
+    done); only a failure of a shared call raises from `run_once`. A generation joins whenever it likes and leaves as soon as it finishes or
     is cancelled; its target row is freed then. ``min_read``: the fewest prompt tokens a step
     reads for joining generations (`step.read_budget`)."""
 

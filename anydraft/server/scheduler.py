@@ -225,7 +225,7 @@ class Scheduler:
                 # ended before the call (not in the batch any more) are reported as they ended
                 batch.clear()
                 for generation, job in list(jobs.items()):
-                    if generation.done and generation.error is None:
+                    if generation.done:  # finished, or failed alone
                         generation.leave()
                         self._report(generation, True, jobs)
                     else:
