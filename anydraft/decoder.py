@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from . import methods
 from .bridge import token_table
+from .chat import chat_ids
 from .config import DraftConfig, check_method, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
@@ -122,8 +123,10 @@ class Decoder:
         return learned.load(self, path)
 
     # -- prompts ---------------------------------------------------------------------------
-    def prompt_ids(self, prompt, chat: bool = True) -> list[int]:
-        """Token ids of ``prompt`` (a string, or a list of chat messages when chat=True)."""
+    def prompt_ids(self, prompt, chat: bool = True, special_in_content: bool = False) -> list[int]:
+        """Token ids of ``prompt`` (a string, or a list of chat messages when chat=True). In
+        chat messages the text of a special token is text (chat.py), unless
+        ``special_in_content``."""
         tok = self.target.tokenizer
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -138,8 +141,7 @@ class Decoder:
                 raise AnydraftError(
                     f"{self.target.name} has no chat template: use chat=False (CLI: leave out --chat)"
                 )
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = tok.encode(text, add_special_tokens=False)
+            ids = chat_ids(tok, messages, special_in_content)
         else:
             ids = tok.encode(prompt, add_special_tokens=True)
         return self.check_ids(ids)
@@ -177,16 +179,17 @@ class Decoder:
     def start(self, prompt, max_new_tokens: int = 128, *, rows: Rows | None = None,
               sampling: SamplingParams | None = None, chat: bool = True,
               stop: str | Sequence[str] | None = None, method: str | None = None,
-              cancel: Callable[[], str | None] | None = None, **shortcuts) -> Generation:
+              cancel: Callable[[], str | None] | None = None, special_in_content: bool = False,
+              **shortcuts) -> Generation:
         """One request, checked and ready to run in a `Batch` (the entry point of `stream`,
         `generate_batch` and the server): `generate`'s arguments, plus ``rows``, the
         batches (`new_rows`) whose rows the target and drafter run in (None: sessions of their
-        own), and
-        ``cancel``, asked between prompt chunks and before every step (a non-empty answer ends
-        generation with that string as the finish reason). Bad input raises here."""
+        own), ``cancel``, asked between prompt chunks and before every step (a non-empty answer
+        ends generation with that string as the finish reason), and ``special_in_content``
+        (`prompt_ids`). Bad input raises here."""
         params = override(sampling or SamplingParams(), **shortcuts)
-        return self.start_ids(self.prompt_ids(prompt, chat), max_new_tokens, rows=rows,
-                              sampling=params, stop=stop, method=method, cancel=cancel)
+        return self.start_ids(self.prompt_ids(prompt, chat, special_in_content), max_new_tokens,
+                              rows=rows, sampling=params, stop=stop, method=method, cancel=cancel)
 
     def start_ids(self, ids: list[int], max_new_tokens: int = 128, *, rows: Rows | None = None,
                   sampling: SamplingParams | None = None, stop: str | Sequence[str] | None = None,

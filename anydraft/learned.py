@@ -31,6 +31,7 @@ an n-token match. ``drafter`` is null without a drafter (prompt lookup's statist
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .atomic import write_text
@@ -68,8 +69,22 @@ def _mean(m: Mean) -> list[float]:
     return [m.total, m.weight]
 
 
+def _number(value, what: str) -> float:
+    """``value`` as a float, refused (ValueError) unless finite and >= 0: every saved number
+    is a discounted count or seconds, and a negative weight or an inf made every request of a
+    server seeded with it fail (issue 42)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def _read_mean(pair) -> Mean:
-    total, weight = (float(x) for x in pair)
+    if not isinstance(pair, list) or len(pair) != 2:
+        raise ValueError(f"a mean must be [total, weight], got {pair!r}")
+    total, weight = (_number(x, f"each number of the mean {pair!r}") for x in pair)
+    if weight > 0 and not math.isfinite(total / weight):
+        raise ValueError(f"the mean {pair!r} has no finite value (total / weight)")
     mean = Mean()
     mean.total, mean.weight = total, weight
     return mean
@@ -94,7 +109,7 @@ def to_json(decoder) -> dict:
 
 def _acceptance(entry: dict, costs: bool) -> Acceptance:
     acc = Acceptance()
-    acc.steps, acc.idle = int(entry["steps"]), int(entry["idle"])
+    acc.steps, acc.idle = (int(_number(entry[k], k)) for k in ("steps", "idle"))
     acc.ratio = _read_mean(entry["ratio"])
     acc.positions = [_read_mean(p) for p in entry["positions"]]
     if costs:
@@ -106,15 +121,16 @@ def _costs(data: dict) -> Costs:
     return Costs(target={int(n): _read_mean(m) for n, m in data["target"].items()},
                  draft=_read_mean(data["draft"]), read=_read_mean(data["read"]),
                  plain_overhead=_read_mean(data["plain_overhead"]),
-                 profile={int(n): float(s) for n, s in data["profile"].items()},
-                 profile_weight=float(data["profile_weight"]))
+                 profile={int(n): _number(s, "a profile point") for n, s in data["profile"].items()},
+                 profile_weight=_number(data["profile_weight"], "profile_weight"))
 
 
 # -- files ---------------------------------------------------------------------------------
 def save(decoder, path) -> None:
     """Write ``decoder``'s learned statistics to ``path`` atomically (a temporary file in the
     same folder, then renamed over it): a reader never sees half a file, and of several
-    writers the last one wins."""
+    writers the last one wins. Its permissions follow the umask, as any file the user writes
+    (`atomic.replacing`)."""
     write_text(path, json.dumps(to_json(decoder), indent=1))
 
 
@@ -163,7 +179,7 @@ def load(decoder, path) -> str:
         costs = {k: data["costs"][k] for k in ("machine", "devices")} == place_of(decoder)
         acceptance = {tuple(entry["key"]): _acceptance(entry, costs) for entry in data["acceptance"]}
         learned = Estimates(_costs(data["costs"]) if costs else decoder.estimates.costs, acceptance)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise AnydraftError(f"stats file {path} is malformed ({type(exc).__name__}: {exc}): "
                             "delete it, or pass a file written by save_stats / serve --stats") from None
     decoder.estimates.costs, decoder.estimates.acceptance = learned.costs, learned.acceptance

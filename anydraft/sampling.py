@@ -79,7 +79,12 @@ class SamplingParams:
             logits = logits.float()
         if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-        logits = logits / self.temperature
+        # the top logit is moved to 0 first, so dividing by a tiny temperature cannot overflow
+        # (1e-38 made every logit inf, then softmax nan): the others go to large negatives or
+        # -inf, and as t -> 0 the distribution becomes the greedy one-hot exactly. A top logit
+        # (or a tie with it) stays 0 even where t rounds to 0 in float32 (0 / 0 would be nan).
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        logits = torch.where(logits == 0, 0.0, logits / self.temperature)
         if self.top_k and self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, -math.inf)

@@ -102,8 +102,18 @@ def _edit(data: dict, change) -> dict:
     (lambda d: _edit(d, lambda d: d["pair"]["target"].update(model="other")),
      r"written for other \(torch float32\) with drafter drafter .* not for target .*: use a "
      "stats file written for this pair, or delete it"),
+    # issue 42: these were seeded, and then every request of the server failed
+    (lambda d: _edit(d, lambda d: d["acceptance"][0].update(ratio=[1e308, -5.0])),
+     r"stats file .*stats.json is malformed .*-5.0.* finite number >= 0.*: delete it"),
+    (lambda d: _edit(d, lambda d: d["acceptance"][0]["positions"].append([1e308, 1e-300])),
+     "no finite value"),
+    (lambda d: _edit(d, lambda d: d["costs"].update(draft=[1.0, float("inf")])), "finite number"),
+    (lambda d: _edit(d, lambda d: d["costs"].update(profile_weight=float("nan"))), "profile_weight"),
+    (lambda d: _edit(d, lambda d: d["acceptance"][0].update(steps=-3)), "steps must be"),
+    (lambda d: _edit(d, lambda d: d["acceptance"][0].update(steps=1e400)), "steps must be"),
 ], ids=["not json", "another format", "another version", "a part missing", "a bad value",
-        "another pair"])
+        "another pair", "a negative weight", "an infinite mean", "an infinity", "a nan",
+        "negative steps", "infinite steps"])
 def test_a_bad_file_is_refused_with_the_fix(trained, text, error):
     _, path = trained
     path.write_text(text if isinstance(text, str) else json.dumps(text(json.loads(path.read_text()))))
@@ -111,6 +121,19 @@ def test_a_bad_file_is_refused_with_the_fix(trained, text, error):
     with pytest.raises(AnydraftError, match=error):
         learned.load(seeded, path)
     assert learned.to_json(seeded) == before  # nothing half-seeded
+
+
+def test_the_file_follows_the_umask(tmp_path):
+    """Issue 42: it was written 0600 whatever the umask (a temporary file's mode)."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        learned.save(decoder(), tmp_path / "stats.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "stats.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["stats.json"]  # no partial file left
 
 
 def test_a_missing_file_says_so(tmp_path):

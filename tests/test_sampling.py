@@ -57,3 +57,29 @@ def test_seeded_generator_is_reproducible():
     draws = [torch.multinomial(p, 5, generator=SamplingParams(seed=3).generator()).tolist()
              for _ in range(2)]
     assert draws[0] == draws[1]
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-38, 1e-46, 5e-324])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_tiny_temperatures_are_greedy_exactly(temperature, dtype):
+    # issue 42: logits / 1e-38 overflowed to inf, softmax made nan and the request a 500;
+    # 1e-46 rounds to 0 in float32. The limit t -> 0 is the greedy one-hot, exactly.
+    logits = torch.tensor([[3.0, 20.5, -1.0, 20.0], [-50.0, -60.0, -40.0, -45.0]], dtype=dtype)
+    params = SamplingParams(temperature=temperature)
+    p = params.probs(logits)
+    assert p.tolist() == SamplingParams().probs(logits).tolist()
+    assert [params.choose(row, params.generator()) for row in logits] == [1, 2]
+
+
+def test_a_tiny_temperature_splits_an_exact_tie_evenly():
+    # the limit of softmax(x / t) over a tie of the top logits is uniform over the tie
+    p = SamplingParams(temperature=1e-30).probs(torch.tensor([1.0, 7.0, 7.0, -2.0]))
+    assert p.tolist() == [0.0, 0.5, 0.5, 0.0]
+
+
+def test_masked_logits_stay_impossible_at_any_temperature():
+    logits = torch.tensor([-math.inf, 0.5, 2.0, -math.inf])
+    for temperature in (1e-38, 0.7, 100.0):
+        p = SamplingParams(temperature=temperature).probs(logits)
+        assert p[0] == 0 and p[3] == 0 and torch.isfinite(p).all()
+        assert float(p.sum()) == pytest.approx(1.0)

@@ -124,6 +124,7 @@ class Generation:
         self.prompt_tokens = len(state.committed)
         self.generated = 0
         self.done = False
+        self.error: Exception | None = None  # what ended it, where it failed (`fail`)
         self._drafted = 0  # the state's drafted count before the step `ready` allowed
         self._start = self._stepped = time.perf_counter()
         self._steps: list[dict] = []  # steps not yet handed out by `piece`
@@ -213,6 +214,13 @@ class Generation:
     def close(self) -> None:
         self.state.stats.seconds = time.perf_counter() - self._start
 
+    def fail(self, error: Exception) -> None:
+        """End this generation with ``error`` (its step failed; the others of its batch go
+        on): `result` raises it."""
+        self.error, self.finish.reason = error, "error"
+        self.close()
+        self.done = True
+
     def leave(self) -> None:
         """Free the target's and the drafter's rows or caches now (a batch's rows go to the next
         request)."""
@@ -240,7 +248,10 @@ class Generation:
         return Piece("".join(text for text, _ in spans), spans, steps)
 
     def result(self) -> tuple[str, GenerationOutput]:
-        """Once done: the text not yet handed out by `delta`, and the whole output."""
+        """Once done: the text not yet handed out by `delta`, and the whole output; raises
+        what failed it, if something did."""
+        if self.error is not None:
+            raise self.error
         text = self.text.finish()
         tail = self.text.delta(final=True)
         return tail, GenerationOutput(text, self.state.committed[self.prompt_tokens:],
@@ -253,7 +264,8 @@ class Batch:
     generation, in which the rows whose targets are rows of one `BatchSession` are scored in
     one target call (`step.step`). A joining prompt is read at once while nothing else decodes;
     otherwise a part of it rides in each step's call (`step.read_budget`), so that it does not
-    stall the others. A generation joins whenever it likes and leaves as soon as it finishes or
+    stall the others. A generation whose own work fails ends alone (`Generation.fail`, reported
+    done); only a failure of a shared call raises from `run_once`. A generation joins whenever it likes and leaves as soon as it finishes or
     is cancelled; its target row is freed then. ``min_read``: the fewest prompt tokens a step
     reads for joining generations (`step.read_budget`)."""
 
@@ -271,16 +283,19 @@ class Batch:
     def run_once(self) -> list[tuple[Generation, bool]]:
         """One step of the batch: each generation that made news, with whether it is done."""
         chunks = 0 if self.active else None  # 0: read in the step's call
-        news = [(g, True) for g in self.joining if not g.start(chunks) and g.done]
+        news = [(g, True) for g in self.joining if not _alone(g, g.start, chunks) and g.done]
         self.active += [g for g in self.joining if g.row is not None]
         self.joining = [g for g in self.joining if g.row is None and not g.done]
-        news += [(g, True) for g in self.active if not g.ready()]
+        news += [(g, True) for g in self.active if not _alone(g, g.ready)]
         self.active = [g for g in self.active if g.row is not None and not g.done]
         if self.active:
             results = step([g.row for g in self.active], [g.state for g in self.joining], self.min_read)
-            for g, (new, n_accepted) in zip(self.active, results, strict=True):
-                g.absorb(new, n_accepted)
-                news.append((g, not g.ready()))  # finished: reported now, not a step later
+            for g, result in zip(self.active, results, strict=True):
+                if isinstance(result, Exception):
+                    g.fail(result)
+                else:
+                    _alone(g, g.absorb, *result)
+                news.append((g, not _alone(g, g.ready)))  # finished: reported now, not a step later
             self.active = [g for g in self.active if not g.done]
         for g, done in news:
             if done:
@@ -293,6 +308,15 @@ class Batch:
         for g in dropped:
             g.leave()
         return dropped
+
+
+def _alone(generation: Generation, work: Callable, *args):
+    """``work(*args)``, where what it raises fails ``generation`` alone (None then)."""
+    try:
+        return work(*args)
+    except Exception as exc:  # noqa: BLE001 - this generation's failure, not its batch's
+        generation.fail(exc)
+        return None
 
 
 def decode_batch(generations: list[Generation]) -> None:

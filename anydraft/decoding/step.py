@@ -21,6 +21,11 @@ all is one drafter call (`draft_together`), and `allocate` prices their drafts s
 Sequences still reading their prompts (``joining``) read them inside the target calls, as
 much each step as `read_budget` allows: a call then costs little more than the step alone,
 and nobody waits for a call of a prompt's own (issue 21: p99 inter-token latency under load).
+
+A row whose own work fails (proposing, drafting, verifying, committing) fails alone: its
+result is the exception, it is left out of the calls after the failure, and the other rows
+step on (issue 42: one request's failure ended every request of its batch). Only a failure
+of a shared call itself, which no one row caused, fails the whole step.
 """
 
 from __future__ import annotations
@@ -41,28 +46,36 @@ from ..models.session import PREFILL_CHUNK
 EVIDENCE = 3.0
 
 
-def step(rows: list[Row], joining: list = (), min_read: int = MIN_READ) -> list[tuple[list[int], int]]:
+def step(rows: list[Row], joining: list = (), min_read: int = MIN_READ) -> list[tuple[list[int], int] | Exception]:
     """Run one step of every row; return each row's ``(committed tokens, accepted drafts)``:
     the first ``accepted`` tokens were candidates (of the proposer it sets as ``row.proposed``),
-    the last is the target's own. ``joining``: `DecodeState`s still reading their prompts; the
-    calls read the next part of each (`_reads`, at least ``min_read`` tokens a call), their
-    logits unused."""
+    the last is the target's own; or the exception that failed that row alone (its caches are
+    then in no known state: the row must leave). ``joining``: `DecodeState`s still reading
+    their prompts; the calls read the next part of each (`_reads`, at least ``min_read``
+    tokens a call), their logits unused."""
     states = [row.state for row in rows]
     groups = calls(states)
     choices = _choose(rows, groups)
     marks = [_mark(row) for row in rows]  # a row drafting together starts with all of them
     drafts, reads_together = draft_together(rows, choices)
-    plans = []
+    plans, failed = [], {}
     for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):  # propose
         mark = marks[i] if i in drafts else _mark(row)
-        if i in drafts:
-            proposal = row.drafting.finish(row.state, *drafts[i])
-        elif choice.proposer == "plain":
-            proposal = Proposal([])
-        else:
-            proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
+        try:
+            if isinstance(drafts.get(i), Exception):
+                raise drafts[i]
+            if i in drafts:
+                proposal = row.drafting.finish(row.state, *drafts[i])
+            elif choice.proposer == "plain":
+                proposal = Proposal([])
+            else:
+                proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
+        except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
+            failed[i], proposal = exc, Proposal([])
         plans.append((choice, mark, proposal, time.perf_counter() - mark[0]))
     proposed = [proposal.candidates for _, _, proposal, _ in plans]
+    if failed:  # the calls score only the rows still going
+        groups = [g for g in ([i for i in group if i not in failed] for group in groups) if g]
     reads = _reads(rows, proposed, groups, joining, min_read)
     shared = _shared(rows, choices, proposed, groups, reads)
 
@@ -73,27 +86,42 @@ def step(rows: list[Row], joining: list = (), min_read: int = MIN_READ) -> list[
     out = []
     for i, (row, (choice, mark, proposal, proposing), scores, call) in enumerate(
             zip(rows, plans, logits, shared, strict=True)):
-        start, state, candidates = time.perf_counter(), row.state, proposal.candidates
-        if choice.proposer == "plain":
-            n, token = verify_exact(scores, candidates, state.params, state.generator)
-        else:
-            n, token = row.proposer(choice.proposer).verify(state, proposal, scores)
-        # the target keeps the committed text and the accepted candidates; the step's own
-        # last token is fed with its next call
-        keep = len(state.committed) + n
-        if len(state.target) > keep:
-            state.target.rollback(keep)
-        state.stats.drafted += len(candidates)
-        state.stats.rejected += n < len(candidates)
-        wall = proposing + waited + time.perf_counter() - start  # its own work, and the wait
-        read = reads_together.get(i, row.drafter.caught_up if row.drafter is not None else 0)
-        row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, read, *call))
-        new = candidates[:n] + [token]
-        row.proposed = choice.proposer
-        if row.drafter is not None:
-            row.drafter.commit(new, n if choice.proposer == "draft" else 0)
-        out.append((new, n))
+        if i in failed:
+            out.append(failed[i])
+            continue
+        try:
+            out.append(_finish(row, choice, mark, proposal, proposing, scores, call, waited,
+                               reads_together.get(i)))
+        except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
+            out.append(exc)
     return out
+
+
+def _finish(row: Row, choice, mark: tuple, proposal: Proposal, proposing: float,
+            scores: torch.Tensor, call: tuple, waited: float, read: int | None) -> tuple[list[int], int]:
+    """Verify one row's candidates against its ``scores``, commit or roll back its caches and
+    tell its policy what the step cost and earned: the row's ``(committed tokens, accepted)``."""
+    start, state, candidates = time.perf_counter(), row.state, proposal.candidates
+    if choice.proposer == "plain":
+        n, token = verify_exact(scores, candidates, state.params, state.generator)
+    else:
+        n, token = row.proposer(choice.proposer).verify(state, proposal, scores)
+    # the target keeps the committed text and the accepted candidates; the step's own
+    # last token is fed with its next call
+    keep = len(state.committed) + n
+    if len(state.target) > keep:
+        state.target.rollback(keep)
+    state.stats.drafted += len(candidates)
+    state.stats.rejected += n < len(candidates)
+    wall = proposing + waited + time.perf_counter() - start  # its own work, and the wait
+    if read is None:
+        read = row.drafter.caught_up if row.drafter is not None else 0
+    row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, read, *call))
+    new = candidates[:n] + [token]
+    row.proposed = choice.proposer
+    if row.drafter is not None:
+        row.drafter.commit(new, n if choice.proposer == "draft" else 0)
+    return new, n
 
 
 def calls(states: list) -> list[list[int]]:
@@ -115,7 +143,8 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
     """The drafts of the rows that draft with drafters whose sessions are rows of one batch
     (`Decoder.new_rows`), two or more of them: each drafting pass of all of them is ONE call of
     that batch (`Drafter.drafting`, run in step), so the drafter's weights are read once a
-    pass, not once a row. Returns, per row index, ``(drafts, distributions)``, and the backlog
+    pass, not once a row. Returns, per row index, ``(drafts, distributions)`` (or the exception
+    that failed that row's drafting: the others draft on), and the backlog
     its first pass read: the whole call's, every row's backlog beyond one token each (a row
     whose own backlog was one token still waited for the others'; timed as a clean pass, it
     would price every later pass as a read). Each row drafts exactly as alone (its own text,
@@ -131,7 +160,11 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
         drafting, feeds = {}, {}
         for i in group:
             row, choice = rows[i], choices[i]
-            drafting[i] = row.drafter.drafting(choice.k, *row.drafting.draft_args(row.state), choice.read)
+            try:
+                drafting[i] = row.drafter.drafting(choice.k, *row.drafting.draft_args(row.state), choice.read)
+            except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
+                out[i] = exc
+                continue
             feeds[i] = _advance(row, drafting[i], None, out, i)
         backlog = 1 + sum(max(0, rows[i].drafter.caught_up - 1) for i in group)
         reads |= {i: backlog for i in group if rows[i].drafter.caught_up}
@@ -150,13 +183,16 @@ def draft_together(rows: list[Row], choices: list) -> tuple[dict, dict]:
 
 def _advance(row: Row, drafting, logits, out: dict, i: int):
     """Send ``logits`` to a row's `Drafter.drafting` (None: start it); the ids it feeds next,
-    or None once it returned its drafts (into ``out[i]``)."""
+    or None once it returned its drafts, or failed (into ``out[i]``: the drafts, or the
+    exception)."""
     with row.state.stats.timed("draft"):
         try:
             return next(drafting) if logits is None else drafting.send(logits)
         except StopIteration as end:
             out[i] = end.value
-            return None
+        except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
+            out[i] = exc
+        return None
 
 
 def _choose(rows: list[Row], groups: list[list[int]]) -> list:

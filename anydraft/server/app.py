@@ -40,8 +40,9 @@ from ..errors import AnydraftError
 from ..hardware.profile import MIN_READ
 from ..sampling import SamplingParams
 from .cli import is_loopback
+from .connections import ALWAYS, Connections
 from .metrics import Metrics
-from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed
+from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed, fair_share
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .workers import save_stats
 
@@ -52,13 +53,17 @@ log = logging.getLogger("anydraft.server")
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
                   "timeout": "length"}
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
-ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}
-PUBLIC = {"/health", "/"}  # answered without the API key (neither shows anything secret)
+DRAIN_POLL = 0.05  # seconds between checks, while draining, that every request has ended
+ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/",
+             "/playground.js"}
+# answered without the API key (none shows anything secret; /health only its status)
+PUBLIC = {"/health", "/", "/playground.js"}
 PLAYGROUND = Path(__file__).parent / "static" / "playground.html"
-# the page is one self-contained file: it may load nothing from anywhere, call only this
-# server, and not be framed by another site
+PLAYGROUND_SCRIPT = PLAYGROUND.with_suffix(".js")
+# the page may run only its own script file (no inline script: an injected one cannot run),
+# load nothing from anywhere else, call only this server, and not be framed by another site
 PLAYGROUND_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; "
                                "style-src 'unsafe-inline'; connect-src 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -87,6 +92,12 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # empty: no CORS headers
     replica: str | None = None  # a Ray Serve replica's id: a `replica` label on every metric
     stats: str | None = None  # --stats: the learned statistics are written here at shutdown
+    shutdown_timeout: float = 30.0  # --shutdown-timeout: seconds a drain lets requests finish
+    max_connections: int = 256  # open connections served (connections.py)
+    max_connections_per_client: int | None = None  # None: fair_share(max_connections)
+    head_timeout: float = 5.0  # seconds a connection has to send a complete request head
+    # --allow-special-in-content: special tokens typed in messages act as control tokens
+    allow_special_in_content: bool = False
 
 
 def public_name(name: str | None) -> str | None:
@@ -268,8 +279,8 @@ class Gate:
     """ASGI middleware: the Host check, bearer auth (except `PUBLIC` paths) and per-endpoint
     request metrics (499 for a client that left, streaming or not)."""
 
-    def __init__(self, app, config: ServerConfig, metrics: Metrics):
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app, config: ServerConfig, metrics: Metrics, connections: Connections):
+        self.app, self.config, self.metrics, self.connections = app, config, metrics, connections
         self._key = config.api_key.encode() if config.api_key else None
 
     def _host_allowed(self, scope) -> bool:
@@ -304,10 +315,20 @@ class Gate:
         async def send_tracked(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
+                    # a browser must not read a JSON error (or anything else) as HTML
+                    headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
-            if not self._host_allowed(scope):
+            if self.connections.total > self.connections.max_total and path not in ALWAYS:
+                err = ApiError(503, f"the server has more than {self.connections.max_total} open "
+                                    "connections (--max-connections): try again later",
+                               type="server_error", code="too_many_connections")
+                await self._refuse(err, scope, receive, send_tracked, {"Retry-After": "1"})
+            elif not self._host_allowed(scope):
                 err = ApiError(400, f"Host {host_name(scope)!r} is not served here: use a loopback "
                                     "address, or start the server with --allowed-hosts",
                                code="invalid_host")
@@ -317,6 +338,8 @@ class Gate:
                                code="invalid_api_key")
                 await self._refuse(err, scope, receive, send_tracked, {"WWW-Authenticate": "Bearer"})
             else:
+                # /health shows its details to key holders only (`health`)
+                scope["state"]["authorized"] = self._key is None or self._authorized(scope)
                 await self.app(scope, receive, send_tracked)
         except ClientDisconnect:  # a response could not be sent: its client left
             scope["state"]["client_gone"] = True
@@ -337,9 +360,14 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client, config.max_batch,
                           config.min_read)
     metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
+    per_client = config.max_connections_per_client
+    connections = Connections(config.max_connections,
+                              fair_share(config.max_connections) if per_client is None else per_client,
+                              config.head_timeout, config.trusted_proxies)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
     page = PLAYGROUND.read_text(encoding="utf-8")
+    script = PLAYGROUND_SCRIPT.read_text(encoding="utf-8")
     created = int(time.time())
 
     @asynccontextmanager
@@ -352,9 +380,24 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             if config.stats:
                 await asyncio.to_thread(save_stats, decoders, config.stats)
 
+    async def drain() -> None:
+        """Stop taking requests (503 with Retry-After), let the accepted ones finish for up to
+        ``config.shutdown_timeout`` s, then end the rest (each open stream with an error event
+        and [DONE], one log line each: `Scheduler.close`). shutdown.py calls it on SIGTERM."""
+        scheduler.stop_taking()
+        log.warning("shutting down: %d requests running, %d waiting; they have %g s to finish",
+                    scheduler.active, scheduler.waiting, config.shutdown_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.shutdown_timeout
+        while (scheduler.active or scheduler.waiting) and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL)
+        await asyncio.to_thread(scheduler.close)
+
     app = FastAPI(title="anydraft", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.scheduler, app.state.metrics, app.state.config = scheduler, metrics, config
+    app.state.drain = drain
+    app.state.connections = connections  # its `protocol()` is what uvicorn runs (cli.py)
 
     def error_response(err: ApiError) -> JSONResponse:
         metrics.errors.labels(err.type, err.code or "").inc()
@@ -375,7 +418,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         return error_response(ApiError(exc.status_code, msg, code=code,
                                        headers=getattr(exc, "headers", None)))
 
-    app.add_middleware(Gate, config=config, metrics=metrics)
+    app.add_middleware(Gate, config=config, metrics=metrics, connections=connections)
     if config.cors_origins:  # outside the Gate: a browser's preflight carries no API key
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                            allow_methods=["GET", "POST", "HEAD"],
@@ -419,7 +462,8 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
         prompt_param = "messages" if chat else "prompt"
         kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
-                      stop=req.stop_list, method=req.anydraft_method)
+                      stop=req.stop_list, method=req.anydraft_method,
+                      special_in_content=config.allow_special_in_content)
 
         def start(decoder, rows, job: Job):  # what fails here is the request's fault
             generation = decoder.start(prompt, rows=rows, cancel=job.stop_reason, **kwargs)
@@ -599,6 +643,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     async def playground():
         return HTMLResponse(page, headers=PLAYGROUND_HEADERS)
 
+    @app.get("/playground.js")
+    async def playground_script():
+        return Response(script, media_type="text/javascript; charset=utf-8", headers=PLAYGROUND_HEADERS)
+
     @app.get("/v1/models")
     async def models():
         drafter = decoders[0].drafter
@@ -612,14 +660,20 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         }]}
 
     @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health():
-        return {"status": "ok", "model": config.model_id, "waiting": scheduler.waiting,
-                "active": scheduler.active, "workers": len(decoders), "max_batch": config.max_batch,
+    async def health(request: Request):
+        body = {"status": "ok" if scheduler.taking else "shutting down"}
+        if request.scope["state"].get("authorized"):  # no --api-key, or the key was sent
+            body |= {
+                "model": config.model_id, "waiting": scheduler.waiting, "active": scheduler.active,
+                "workers": len(decoders), "max_batch": config.max_batch,
                 "target_path": dec0.target.path,  # how the target runs: "torch bfloat16", ...
                 # seconds to score M tokens in one call, as measured on this machine
                 # (hardware/profile.py; {} where none was cached when the models loaded): what
                 # bench-serve's bound reads
                 "cost_curve": {str(m): s for m, s in sorted(decoders[0].estimates.costs.profile.items())}}
+        if not scheduler.taking:  # a load balancer takes a draining server out of rotation
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        return body
 
     @app.get("/metrics")
     async def prometheus():

@@ -53,7 +53,15 @@ def register(sub) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longest prompt accepted, in tokens (default: the context window)")
     s.add_argument("--max-connections", type=int, default=256,
-                   help="open connections at once; more get 503 from uvicorn")
+                   help="open connections served at once; requests on more get 503 (except "
+                        "/health, which a few more connections keep answerable)")
+    s.add_argument("--max-connections-per-client", type=int, default=None, metavar="N",
+                   help="open connections one client address may hold; more are refused with "
+                        "503 (default: a quarter of --max-connections; --trusted-proxies are "
+                        "not capped)")
+    s.add_argument("--head-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="seconds a connection has to send a complete request head (after it "
+                        "opens, or after its last answer); slower ones get 408 and are closed")
     s.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds to receive a request body; slower uploads get 408")
     s.add_argument("--api-key", default=None,
@@ -67,6 +75,14 @@ def register(sub) -> None:
                         "from FILE where it exists and the server writes FILE at shutdown, so "
                         "the next start (or a new replica) drafts well at once; with --ray, a "
                         "path every replica can reach (shared storage on a cluster)")
+    s.add_argument("--allow-special-in-content", action="store_true",
+                   help="read special tokens typed in chat messages (<|im_start|>, ...) as control "
+                        "tokens, as the chat template's own are; by default they are text, so a "
+                        "user cannot open turns of their own")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C, seconds the running requests have to finish while "
+                        "new ones get 503; then each still open ends with an error event "
+                        "(default 30; a second signal ends at once)")
     s.add_argument("--log-level", default="info")
     add_ray_options(s)
     s.set_defaults(func=cmd_serve)
@@ -109,11 +125,14 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise AnydraftError(f"--port must be in 1..65535, got {args.port}")
     if args.max_body_bytes < 1024:
         raise AnydraftError("--max-body-bytes must be at least 1024")
-    for name in ("max_queued_per_client", "max_prompt_tokens", "max_connections", "min_read"):
+    for name in ("max_queued_per_client", "max_prompt_tokens", "max_connections",
+                 "max_connections_per_client", "min_read"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise AnydraftError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("request_timeout", "body_timeout"):
+    if not args.shutdown_timeout >= 0:
+        raise AnydraftError("--shutdown-timeout must be a number of seconds >= 0")
+    for name in ("request_timeout", "body_timeout", "head_timeout"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise AnydraftError(f"--{name.replace('_', '-')} must be a positive number of seconds")
@@ -147,7 +166,11 @@ def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None,
         request_timeout=args.request_timeout, max_prompt_tokens=args.max_prompt_tokens,
         trusted_proxies=_proxies(args),
         allowed_hosts=tuple(h.lower().strip("[]") for h in allowed_hosts) if allowed_hosts else None,
-        cors_origins=tuple(args.cors_origins), stats=args.stats, **extra)
+        cors_origins=tuple(args.cors_origins), stats=args.stats,
+        shutdown_timeout=args.shutdown_timeout, max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
+        head_timeout=args.head_timeout, allow_special_in_content=args.allow_special_in_content,
+        **extra)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -164,13 +187,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return serve_on_ray(args, api_key)
 
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - the check that the server extra is there
 
         from .app import create_app
     except ImportError as exc:
         raise AnydraftError(
             f"anydraft serve needs the server extra ({exc.name} is missing): "
             "pip install 'anydraft[server]'") from exc
+    from . import shutdown
     from .workers import build_workers
 
     decoders, max_batch = build_workers(args)
@@ -182,9 +206,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     # proxy headers are read by the app, and only from --trusted-proxies: uvicorn's own
     # default would believe any X-Forwarded-For sent from 127.0.0.1
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5, proxy_headers=False,
-                limit_concurrency=args.max_connections)
+    # connections are bounded by the app's own protocol (connections.py), which keeps /health
+    # answerable at the cap; uvicorn's limit_concurrency would refuse it too
+    shutdown.run(app, app.state.drain, host=args.host, port=args.port, log_level=args.log_level,
+                 proxy_headers=False, http=app.state.connections.protocol())
     return 0
 
 

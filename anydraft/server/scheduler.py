@@ -16,6 +16,7 @@ before every step, so the row is free again within one chunk or step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
 import time
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..hardware.profile import MIN_READ
+
+log = logging.getLogger("anydraft.server")
 
 # a client may hold this fraction of the waiting room (at least one slot), so at least this
 # many clients can queue at once however hard one of them pushes
@@ -46,7 +49,14 @@ class SchedulerClosed(Exception):
 
 
 class DecodingFailed(Exception):
-    """A step failed after the request was accepted: the server's fault (500), not the request's."""
+    """A step failed after the request was accepted: the server's fault (500), not the request's.
+    Its ``__cause__`` is what failed, so the log line of the 500 carries that traceback."""
+
+    @classmethod
+    def of(cls, cause: BaseException) -> DecodingFailed:
+        error = cls(f"{type(cause).__name__}: {cause}")
+        error.__cause__ = cause  # as `raise ... from cause` chains it: the event carries it
+        return error
 
 
 @dataclass(eq=False)
@@ -96,6 +106,8 @@ class Scheduler:
         self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
         self._waiting = 0
         self._active = 0
+        self._running: set[Job] = set()  # jobs a worker took and has not ended
+        self._taking = True  # False once draining (`stop_taking`) or closed
         self._closed = False
         self._mean_seconds = 1.0  # running mean of job duration, for Retry-After
         self._threads = [
@@ -111,20 +123,37 @@ class Scheduler:
     def active(self) -> int:
         return self._active
 
+    @property
+    def taking(self) -> bool:
+        """Whether `submit` takes new jobs (False while the server drains, and once closed)."""
+        return self._taking
+
     def start(self) -> None:
         for t in self._threads:
             t.start()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop_taking(self) -> None:
+        """Refuse new jobs (`SchedulerClosed`); the queued and running ones go on."""
         with self._cond:
-            self._closed = True
-            leftovers = [job for q in self._queues.values() for job in q]
+            self._taking = False
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop: every job not yet ended, queued or running, ends now with a `SchedulerClosed`
+        error (one log line each: a request cut by the shutdown), without waiting for its
+        step; then wait up to ``timeout`` s for each worker to finish its step."""
+        with self._cond:
+            self._taking, self._closed = False, True
+            queued = [job for q in self._queues.values() for job in q]
+            running, self._running = list(self._running), set()
             self._queues.clear()
             self._waiting = 0
             self._cond.notify_all()
-        for job in leftovers:
-            job.cancelled.set()
+        now = time.perf_counter()
+        for job in queued + running:
+            job.cancelled.set()  # the worker ends its row at the next step
             job.emit("error", SchedulerClosed("server is shutting down"))
+            where = "while queued" if job in queued else f"after {now - job.enqueued_at:.1f} s"
+            log.warning("shutdown cut a request of client %s %s", job.client, where)
         for t in self._threads:
             t.join(timeout)
 
@@ -132,7 +161,7 @@ class Scheduler:
         """Queue ``job`` or raise `QueueFull`: all workers busy and either ``max_queue`` jobs
         waiting, or ``max_per_client`` of them from ``job.client``."""
         with self._cond:
-            if self._closed:
+            if not self._taking:
                 raise SchedulerClosed("server is shutting down")
             queued = len(self._queues.get(job.client, ()))
             busy = self._waiting + self._active >= self.rows
@@ -177,14 +206,12 @@ class Scheduler:
             with self._cond:
                 while not self._closed and not self._waiting and not batch:
                     self._cond.wait()
-                if self._closed:
-                    for job in jobs.values():
-                        job.cancelled.set()
-                        job.emit("error", SchedulerClosed("server is shutting down"))
+                if self._closed:  # `close` ended every job
                     return
                 taken = []
                 while self._waiting and len(batch) + len(taken) < self.max_batch:
                     taken.append(self._next_job())
+                    self._running.add(taken[-1])
                     self._active += 1
             for job in taken:
                 self._begin(decoder, rows, job, batch, jobs)
@@ -193,22 +220,37 @@ class Scheduler:
             try:
                 news = batch.run_once()
             except BaseException as exc:  # noqa: BLE001 - a step must never take the worker down
-                # the shared call failed: every row of it fails, and the batch starts afresh
-                for generation in batch.clear():
-                    self._end(jobs.pop(generation), "error", DecodingFailed(str(exc)))
+                # a shared call failed (a row's own failure ends that row alone, in `news`):
+                # every row of it fails, and the batch starts afresh. The generations that had
+                # ended before the call (not in the batch any more) are reported as they ended
+                batch.clear()
+                for generation, job in list(jobs.items()):
+                    if generation.done:  # finished, or failed alone
+                        generation.leave()
+                        self._report(generation, True, jobs)
+                    else:
+                        del jobs[generation]
+                        self._end(job, "error", DecodingFailed.of(exc))
                 rows = new_rows()
                 continue
             for generation, done in news:
-                job = jobs[generation]
-                piece = generation.piece()  # once done: all that is left
-                # a step that showed no text goes out with the next piece; the last ones, if
-                # they showed none, with a piece of no text (its steps, for the final chunk)
-                if piece.text or (done and piece.steps):
-                    job.emit("delta", piece)
-                if done:
-                    _, output = generation.result()
-                    del jobs[generation]
-                    self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
+                self._report(generation, done, jobs)
+
+    def _report(self, generation, done: bool, jobs: dict) -> None:
+        """Send ``generation``'s news to its job: new text, and, once ``done``, how it ended."""
+        job = jobs[generation]
+        if generation.error is not None:
+            del jobs[generation]
+            return self._end(job, "error", DecodingFailed.of(generation.error))
+        piece = generation.piece()  # once done: all that is left
+        # a step that showed no text goes out with the next piece; the last ones, if they
+        # showed none, with a piece of no text (its steps, for the final chunk)
+        if piece.text or (done and piece.steps):
+            job.emit("delta", piece)
+        if done:
+            _, output = generation.result()
+            del jobs[generation]
+            self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
 
     def _begin(self, decoder, rows, job: Job, batch, jobs: dict) -> None:
         """Start ``job``'s generation in ``batch`` (or report why not)."""
@@ -230,5 +272,6 @@ class Scheduler:
             job.emit(kind, payload)
         elapsed = time.perf_counter() - job.started_at
         with self._cond:
+            self._running.discard(job)
             self._active -= 1
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed

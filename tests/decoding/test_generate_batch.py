@@ -308,3 +308,48 @@ def test_rows_of_one_call_draft_one_at_a_time_on_little_evidence_and_wait_once()
                Choice("plain", 0, waited=(acc, other))]
     step_module._wait_once(choices, [0, 1, 2])
     assert [c.waited for c in choices] == [(acc,), (other,), ()]
+
+
+class Poisoned:
+    """Sampling settings whose distributions fail after ``after`` of them (a row's own failure:
+    its verifier, or its drafter's sampling, raises in a step shared with other rows)."""
+
+    def __init__(self, params, after: int):
+        self.params, self.left = params, after
+
+    def __getattr__(self, name):
+        return getattr(self.params, name)
+
+    def probs(self, logits):
+        self.left -= 1
+        if self.left < 0:
+            raise RuntimeError("probability tensor contains inf/nan")
+        return self.params.probs(logits)
+
+    def choose(self, logits, generator):
+        from anydraft.sampling import SamplingParams
+
+        return SamplingParams.choose(self, logits, generator)  # through the poisoned `probs`
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_a_row_that_fails_ends_alone_and_the_others_go_on(decoders, method):
+    """Issue 42: one request's failure in a shared step failed every row of the batch."""
+    from anydraft.decoding import Batch
+    from anydraft.sampling import SamplingParams
+
+    decoder = decoders[method]
+    params = SamplingParams(temperature=1.0, seed=11)
+    rows, batch = decoder.new_rows(len(PROMPTS)), Batch()
+    generations = [decoder.start(p, 20, rows=rows, chat=False, sampling=params) for p in PROMPTS]
+    generations[1].state.params = Poisoned(params, after=3)
+    for g in generations:
+        batch.join(g)
+    while batch:
+        batch.run_once()  # raises nothing: the failure is the row's
+    with pytest.raises(RuntimeError, match="inf/nan"):
+        generations[1].result()
+    assert generations[1].finish.reason == "error"
+    for i in (0, 2, 3):
+        alone = decoder.generate(PROMPTS[i], 20, chat=False, sampling=params)
+        assert generations[i].result()[1].token_ids == alone.token_ids

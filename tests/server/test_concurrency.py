@@ -27,7 +27,7 @@ def metric(server, name: str, **labels) -> float:
 def wait_idle(server, timeout: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
-        h = httpx.get(server.base + "/health").json()
+        h = httpx.get(server.base + "/health", headers=server.headers).json()  # details: the key
         if h["active"] == 0 and h["waiting"] == 0:
             return time.monotonic() - start
         time.sleep(0.05)
@@ -144,7 +144,10 @@ def test_queue_overflow_gives_429_with_retry_after(small_server):
 
 def test_api_key_guards_everything_but_health(small_server):
     base = small_server.base
-    assert httpx.get(base + "/health").status_code == 200
+    # without the key /health says only that the server is up; its details need the key
+    assert httpx.get(base + "/health").json() == {"status": "ok"}
+    detailed = httpx.get(base + "/health", headers=small_server.headers).json()
+    assert detailed["status"] == "ok" and "cost_curve" in detailed and "target_path" in detailed
     for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", CHAT),
                          ("POST", "/v1/completions"), ("GET", "/nope")]:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):

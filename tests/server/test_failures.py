@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 
 import httpx
 
-from tests.server.conftest import chat_body, scrape_total
+from tests.server.conftest import chat_body, scrape_total, wait_for
 
 CHAT = "/v1/chat/completions"
 ERROR_ID = re.compile(r"err-[0-9a-f]{16}")
@@ -62,3 +63,60 @@ def test_a_bug_in_a_handler_is_one_500_and_one_log_line(make_decoder, serve, cap
     assert _logged_ids(caplog) == [ERROR_ID.search(r.json()["error"]["message"]).group()]
     assert len([rec for rec in caplog.records if rec.levelno >= logging.ERROR]) == 1, caplog.text
     assert scrape_total(base, "anydraft_requests_total", endpoint=CHAT, status="500") == 1
+
+
+def test_the_logged_500_carries_the_cause_and_its_traceback(make_decoder, serve, caplog):
+    """Issue 42: the 500's log line had a `DecodingFailed` without its cause, so no traceback."""
+    base = serve([make_decoder(fail_at=3)])
+    r = httpx.post(base + CHAT, json=chat_body(max_tokens=20), timeout=30)
+    assert r.status_code == 500
+    [record] = [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    exc = record.exc_info[1]
+    assert "llama.cpp decode failed" in str(exc) and exc.__traceback__ is not None
+    assert "in feed" in caplog.text  # the frame that raised, in the logged traceback
+
+
+def test_a_row_that_fails_ends_alone_and_the_others_of_its_batch_go_on(make_decoder, serve,
+                                                                       monkeypatch):
+    """Issue 42: a request whose own step failed (its sampling) failed every request decoding
+    beside it in the batch; now it alone gets the 500 error event."""
+    from anydraft.sampling import SamplingParams
+
+    probs, beside = SamplingParams.probs, []
+
+    def poisoned(self, logits):
+        if self.temperature == 0.5:  # the poisoned request's own distributions
+            beside.append(scheduler.active)
+            raise RuntimeError("probability tensor contains inf/nan")
+        return probs(self, logits)
+
+    monkeypatch.setattr(SamplingParams, "probs", poisoned)
+    base = serve([make_decoder()], max_batch=4)
+    scheduler = serve.apps[0].state.scheduler
+    running, results = threading.Event(), {}
+
+    def run(name, **body):
+        events = []
+        with httpx.stream("POST", base + CHAT, json=chat_body(stream=True, **body), timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                if len(events) == 3 and name == 0:
+                    running.set()
+        results[name] = events
+
+    threads = [threading.Thread(target=run, args=(i,), kwargs={"max_tokens": 300}) for i in range(3)]
+    for t in threads:
+        t.start()
+    assert running.wait(30)
+    wait_for(lambda: scheduler.active == 3, what="the three streams to run")
+    run("poisoned", temperature=0.5, max_tokens=300)
+    for t in threads:
+        t.join(60)
+    assert beside and beside[0] == 4  # it failed in a step of all four
+    assert results["poisoned"][-1] == "[DONE]"
+    assert json.loads(results["poisoned"][-2])["error"]["code"] == "internal_error"
+    for i in range(3):
+        assert results[i][-1] == "[DONE]", results[i][-3:]
+        last = json.loads(results[i][-2])
+        assert last["choices"][0]["finish_reason"] == "length", last

@@ -215,7 +215,14 @@ def test_the_page_needs_no_key_but_the_api_does(playground):
     r = httpx.get(playground.base + "/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "default-src 'none'" in r.headers["content-security-policy"]
-    assert "<script" in r.text and "http://" not in r.text and "https://" not in r.text  # offline
+    assert "http://" not in r.text and "https://" not in r.text  # offline
+    # its script is a file of its own: the policy runs no inline script (issue 42)
+    assert '<script src="/playground.js"></script>' in r.text and "<script>" not in r.text
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "script-src 'unsafe-inline'" not in csp
+    js = httpx.get(playground.base + "/playground.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert js.headers["x-content-type-options"] == "nosniff" and "apiKey" in js.text
     assert httpx.head(playground.base + "/").status_code == 200
     assert httpx.get(playground.base + "/v1/models").status_code == 401
     assert httpx.get(playground.base + "/", headers={"Host": "evil.example"}).status_code == 400

@@ -16,7 +16,7 @@ class Finished:
     """A generation without a model: ``work()`` runs when the batch starts it, and then it is
     done (its output is ``work``'s return value as the text)."""
 
-    row = None
+    row = error = None
 
     def __init__(self, work):
         self.work, self.done, self.text = work, False, ""
@@ -27,6 +27,9 @@ class Finished:
 
     def ready(self) -> bool:
         return False
+
+    def fail(self, error) -> None:
+        self.error, self.done = error, True
 
     def leave(self) -> None:
         pass
@@ -133,6 +136,40 @@ def test_each_client_may_hold_only_its_share_of_the_queue():
         gate.set()
         for j in running + waiting[1:] + others:
             assert await outcome(j) == ("done", None)
+        sched.close()
+
+    asyncio.run(main())
+
+
+class Stepping(Finished):
+    """A generation that starts and then steps, on a row the step cannot take: the step's
+    shared part fails, as a failed target call does."""
+
+    def start(self, chunks=None) -> bool:
+        self.row = object()
+        return True
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_a_failed_step_still_reports_what_ended_before_it():
+    """A job whose generation ended in the same `run_once` as a step that failed was never
+    reported (nor its row counted free): the soak with batched rows found `active` at 44."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        rows = type("Decoder", (), {"new_rows": lambda self, n: None})()
+        sched = Scheduler([rows], max_queue=4, max_per_client=4, max_batch=2)
+        ends = job(lambda job: "ended", loop)
+        fails = Job(lambda decoder, rows, job: Stepping(lambda: ""), loop)
+        sched.submit(ends)
+        sched.submit(fails)
+        sched.start()  # both join one batch
+        assert await outcome(ends) == ("done", "ended")
+        kind, exc = await outcome(fails)
+        assert kind == "error" and isinstance(exc.__cause__, AttributeError)
+        while sched.active:
+            await asyncio.sleep(0.01)
         sched.close()
 
     asyncio.run(main())

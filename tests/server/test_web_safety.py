@@ -87,3 +87,13 @@ def test_client_leaving_mid_upload_is_a_499_and_one_log_line(make_decoder, serve
     assert len(gone) == 1 and "Traceback" not in caplog.text
     r = httpx.post(base + CHAT, json=chat_body(max_tokens=2), timeout=30)
     assert r.status_code == 200
+
+
+def test_every_answer_says_nosniff(make_decoder, serve):
+    """Issue 42: API answers lacked X-Content-Type-Options, so a browser could sniff one as HTML."""
+    base = serve([make_decoder()], api_key="k")
+    for r in (httpx.get(base + "/health"), httpx.get(base + "/v1/models"),
+              httpx.get(base + "/v1/models", headers={"Authorization": "Bearer k"}),
+              httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer k"},
+                         json={"model": "nope", "prompt": "<script>"})):
+        assert r.headers["x-content-type-options"] == "nosniff", (r.request.url, r.status_code)
