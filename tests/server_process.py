@@ -15,8 +15,11 @@ class Server(ServerProcess):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
+        # float32 on torch; a llama.cpp target runs the GGUF as it is (a dtype there is an error)
+        llamacpp = any(a == "llamacpp" and b == "--target-backend" for b, a in zip(extra, extra[1:], strict=False))
+        dtype = [] if llamacpp else ["--dtype", "float32"]
         cmd = [sys.executable, "-m", "anydraft", "serve", "--target", str(model_dir),
-               "--served-model-name", MODEL_ID, "--port", str(self.port), "--dtype", "float32",
+               "--served-model-name", MODEL_ID, "--port", str(self.port), *dtype,
                "--log-level", "warning", *extra]
         if api_key:
             cmd += ["--api-key", api_key]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -125,12 +124,6 @@ def find_or_build(progress=print) -> str:
     return find() or build(progress)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Completion:
     """One `/completion` answer: the new token ids, and the server's own timings."""
@@ -152,6 +145,8 @@ class LlamaServer:
                  port: int | None = None):
         self.binary = binary or find_or_build()
         self.gguf, self.threads, self.context, self.parallel = gguf, threads, context, parallel
+        from .serve import free_port
+
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log

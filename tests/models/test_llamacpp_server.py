@@ -23,7 +23,9 @@ def test_200_concurrent_requests_on_four_llamacpp_workers(tmp_path, monkeypatch)
     server = Server("smollm2-135m", tmp_path / "server.log", "--target-backend", "llamacpp",
                     "--drafter", "smollm2-135m", "--drafter-backend", "llamacpp", "--fixed-k",
                     "--max-concurrency", "4",
-                    "--max-queue", str(REQUESTS), "--max-queued-per-client", str(REQUESTS))
+                    "--max-queue", str(REQUESTS), "--max-queued-per-client", str(REQUESTS),
+                    # every client is this one address: the per-address connection cap must admit all
+                    "--max-connections-per-client", str(REQUESTS))
     try:
         server.wait_ready()
 
