@@ -5,11 +5,11 @@ import pytest
 from anydraft.models import catalog
 
 # What tests share with the real cache: the catalog's model files and what is made from them
-# alone (transformers conversions, quantized copies), named by the file they come from, the same
-# whoever makes them, and minutes to make again. What a run measures or decides (cost curves,
+# alone (transformers conversions, quantized copies, the llama-server build), named by what they
+# come from, the same whoever makes them, and minutes to make again. What a run measures or decides (cost curves,
 # scout winners) goes to the session's own cache instead: tests leave nothing in the user's
 # profiles and never read what an earlier run measured.
-SHARED_WITH_REAL_CACHE = ("models", "converted", "quantized")
+SHARED_WITH_REAL_CACHE = ("models", "converted", "quantized", "llama-server")
 
 
 @pytest.fixture(scope="session", autouse=True)

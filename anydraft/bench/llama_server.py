@@ -182,13 +182,10 @@ class LlamaServer:
         raise AnydraftError(f"llama-server did not answer /health within {START_TIMEOUT:.0f} s")
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        from .serve import stop_process
+
+        if self.process is not None:
+            stop_process(self.process, 10)
         self.process = None
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int, timeout: float = 600) -> Completion:

@@ -246,16 +246,21 @@ class ServerProcess:
                 + f"\nlast lines of {self.log_path}:\n{tail}")
 
     def stop(self) -> None:
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 15)
         self._log.close()
+
+
+def stop_process(proc, grace: float) -> None:
+    """SIGTERM ``proc`` if it still runs, then SIGKILL after ``grace`` seconds without an exit."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # -- the clients ----------------------------------------------------------------------------

@@ -61,6 +61,31 @@ def full(max_rows: int) -> AnydraftError:
     return AnydraftError(f"all {max_rows} rows of the batch are taken: wait for a row to leave")
 
 
+class RowLengths:
+    """The row bookkeeping of a `BatchSession` whose rows are only lengths on this side (the
+    KV cache, if any, is the model's): ``max_rows`` slots, ``lengths`` row -> its length."""
+
+    max_rows: int
+    lengths: dict[int, int]
+
+    def add_row(self) -> int:
+        if len(self.lengths) >= self.max_rows:
+            raise full(self.max_rows)
+        row = min(set(range(self.max_rows)) - set(self.lengths))
+        self.lengths[row] = 0
+        return row
+
+    def remove_row(self, row: int) -> None:
+        self.lengths.pop(row, None)
+
+    def length(self, row: int) -> int:
+        return self.lengths[row]
+
+    def rollback(self, row: int, n: int) -> None:
+        assert 0 <= n <= self.lengths[row], (n, self.lengths[row])
+        self.lengths[row] = n
+
+
 class RowView:
     """One row of a `BatchSession` as a `Session`; the row is freed when the view is closed or
     collected."""

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import AnydraftError
 from . import synthetic
+from .batch import RowLengths
 from .session import rows_to_return
 
 # rows of the logits table: enough that the text does not settle into a short loop (the
@@ -90,34 +91,15 @@ class NullSession:
         self._length = n
 
 
-class NullBatch:
+class NullBatch(RowLengths):
     """A `BatchSession` (models/batch.py) of a `NullModel`: every row's logits in one call."""
 
     def __init__(self, model: NullModel, max_rows: int):
-        from .batch import full
-
         if max_rows < 1:
             raise AnydraftError(f"a batch needs at least one row (got max_rows={max_rows})")
-        self.model, self.max_rows, self._full = model, max_rows, full
+        self.model, self.max_rows = model, max_rows
         self.vocab_size, self.max_length = model.vocab_size, model.max_length
         self.lengths: dict[int, int] = {}
-
-    def add_row(self) -> int:
-        if len(self.lengths) >= self.max_rows:
-            raise self._full(self.max_rows)
-        row = min(set(range(self.max_rows)) - set(self.lengths))
-        self.lengths[row] = 0
-        return row
-
-    def remove_row(self, row: int) -> None:
-        self.lengths.pop(row, None)
-
-    def length(self, row: int) -> int:
-        return self.lengths[row]
-
-    def rollback(self, row: int, n: int) -> None:
-        assert 0 <= n <= self.lengths[row], (n, self.lengths[row])
-        self.lengths[row] = n
 
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         out = {}

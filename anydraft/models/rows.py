@@ -26,7 +26,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from ..errors import AnydraftError
-from .batch import full
+from .batch import RowLengths
 from .session import context_window, fast_path_problem, rows_to_return
 
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
@@ -94,7 +94,7 @@ class _Cache(Cache):
         super().__init__(layers=[_Layer(batch) for _ in range(layers)])
 
 
-class TorchBatch:
+class TorchBatch(RowLengths):
     """A `BatchSession` (models/batch.py) over a transformers causal LM (`batchable`)."""
 
     def __init__(self, model, max_rows: int):
@@ -110,23 +110,6 @@ class TorchBatch:
         self.attention = model.config._attn_implementation  # what each row's attention runs
         self.lengths: dict[int, int] = {}
         self.call: list[tuple[int, int, int]] = []  # (row, start in the packed call, tokens)
-
-    def add_row(self) -> int:
-        if len(self.lengths) >= self.max_rows:
-            raise full(self.max_rows)
-        row = min(set(range(self.max_rows)) - set(self.lengths))
-        self.lengths[row] = 0
-        return row
-
-    def remove_row(self, row: int) -> None:
-        self.lengths.pop(row, None)
-
-    def length(self, row: int) -> int:
-        return self.lengths[row]
-
-    def rollback(self, row: int, n: int) -> None:
-        assert 0 <= n <= self.lengths[row], (n, self.lengths[row])
-        self.lengths[row] = n
 
     @torch.inference_mode()
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
