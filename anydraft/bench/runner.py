@@ -259,10 +259,11 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
                 jobs.append(((tb, name, db, "hf"), dec, hf[name]))
     server = None
     if settings.baseline_llama_server:  # beside AR on llama.cpp (its own target backend)
+        from ..models.llamacpp import requested_context
         from .llama_server import ServerBaseline
 
         tb = "llamacpp" if "llamacpp" in targets else settings.target_backends[0]
-        context = getattr(targets[tb].model, "max_length", None) or _llamacpp_context()
+        context = getattr(targets[tb].model, "max_length", None) or requested_context()
         server = ServerBaseline(settings.target, context, progress_note).start()
         settings.notes.append(server.describe())
         at = next(i for i, job in enumerate(jobs) if job[0] == (tb, None, None, "ar")) + 1
@@ -272,15 +273,6 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     finally:
         if server is not None:
             server.close()
-
-
-def _llamacpp_context() -> int:
-    """The context window anydraft's llama.cpp sessions take (models/llamacpp.py)."""
-    import os
-
-    from ..models.llamacpp import DEFAULT_CONTEXT
-
-    return int(os.environ.get("ANYDRAFT_LLAMACPP_CONTEXT", 0)) or DEFAULT_CONTEXT
 
 
 def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target_tok, chat: bool,

@@ -172,16 +172,15 @@ def llama_server_command(args, port: int) -> list[str]:
     """llama-server for ``--llama-server``: the target's GGUF, a slot per client of the highest
     level, each with the context window of one anydraft llama.cpp session."""
     from ..errors import AnydraftError
-    from ..models.llamacpp import _threads
+    from ..models.llamacpp import _threads, requested_context
     from ..models.loading import resolve
     from . import llama_server
-    from .runner import _llamacpp_context
 
     source = resolve(args.target)
     if source.gguf_file is None:
         raise AnydraftError(f"--llama-server needs a GGUF target ({args.target!r} is not one)")
     server = llama_server.LlamaServer(str(Path(source.path) / source.gguf_file), _threads(),
-                                      _llamacpp_context(), parallel=max(parse_concurrency(args.concurrency)),
+                                      requested_context(), parallel=max(parse_concurrency(args.concurrency)),
                                       binary=llama_server.find_or_build(), port=port)
     return server.command
 

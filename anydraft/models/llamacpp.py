@@ -75,6 +75,12 @@ def check_amx(system_info: str, cpu_flags: frozenset[str]) -> None:
             "use the torch backend, or set ANYDRAFT_LLAMACPP_AMX=1 if AMX works on this machine")
 
 
+def requested_context() -> int:
+    """The context window a session asks for: $ANYDRAFT_LLAMACPP_CONTEXT, else `DEFAULT_CONTEXT`
+    (a model trained on fewer tokens gets its training window)."""
+    return int(os.environ.get("ANYDRAFT_LLAMACPP_CONTEXT", 0)) or DEFAULT_CONTEXT
+
+
 def _threads() -> int:
     return int(os.environ.get("ANYDRAFT_LLAMACPP_THREADS", 0)) or (os.cpu_count() or 1)
 
@@ -99,7 +105,7 @@ class LlamaCppModel:
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
         train = int(lib.llama_model_n_ctx_train(self._model))
-        wanted = context or int(os.environ.get("ANYDRAFT_LLAMACPP_CONTEXT", 0)) or DEFAULT_CONTEXT
+        wanted = context or requested_context()
         self.max_length = min(train, wanted) if train > 0 else wanted
         eos = {int(lib.llama_vocab_eos(self._vocab)), int(lib.llama_vocab_eot(self._vocab))}
         self.eos_ids = frozenset(i for i in eos if i >= 0)
