@@ -208,6 +208,7 @@ class Decoder:
         if not all(isinstance(s, str) for s in stop):
             raise AnydraftError("stop must be a string or a list of strings")
         params = sampling or SamplingParams()
+        params.check_vocabulary(self.target.logits_width)
         ids = self.check_ids(list(ids))
         session = self.target.new_session() if rows is None else RowView(rows.target)
         state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
@@ -231,13 +232,15 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
     ) -> GenerationOutput:
         """Generate a completion. ``sampling`` (default: greedy) with the shortcuts
-        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed`` overriding its fields;
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``logit_bias`` ({target
+        token id: bias in [-100, 100]}) overriding its fields;
         ``method`` overrides the decoder's method for this call."""
         stream = self.stream(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
                              method=method, temperature=temperature, top_k=top_k, top_p=top_p,
-                             min_p=min_p, seed=seed)
+                             min_p=min_p, seed=seed, logit_bias=logit_bias)
         for _ in stream:
             pass
         return stream.output
@@ -256,6 +259,7 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
         max_batch: int | None = None,
     ) -> list[GenerationOutput]:
         """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
@@ -281,7 +285,7 @@ class Decoder:
                 generations.append(self.start(
                     prompts[len(generations)], max_new_tokens, rows=rows, sampling=sampling,
                     chat=chat, stop=stop, method=method, temperature=temperature, top_k=top_k,
-                    top_p=top_p, min_p=min_p, seed=seed))
+                    top_p=top_p, min_p=min_p, seed=seed, logit_bias=logit_bias))
                 batch.join(generations[-1])
             if not batch:
                 return [g.result()[1] for g in generations]
@@ -301,6 +305,7 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
         cancel: Callable[[], str | None] | None = None,
     ) -> TextStream:
         """Text deltas as tokens are committed (never splitting a UTF-8 character); the
@@ -313,7 +318,8 @@ class Decoder:
         """
         return TextStream(self.start(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
                                      method=method, cancel=cancel, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
+                                     top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                     logit_bias=logit_bias))
 
 
 class TextStream:

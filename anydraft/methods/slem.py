@@ -22,7 +22,7 @@ class StringLevelExactMatch(DrafterMethod):
     name = "slem"
 
     def draft_args(self, state) -> tuple:
-        params = state.params
+        params = self.pairing.drafter_params(state.params)
         return (params.probs, params.greedy, state.generator, self.pairing.confidence,
                 self.pairing.drafter_table.eos_ids)
 

@@ -45,7 +45,7 @@ class TokenLevelIntersection(DrafterMethod):
         return to_probs
 
     def draft_args(self, state) -> tuple:
-        params = state.params
+        params = self.pairing.drafter_params(state.params)
         return (self._restricted(params), params.greedy, state.generator, self.pairing.confidence,
                 self.pairing.drafter_table.eos_ids)
 

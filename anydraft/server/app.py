@@ -244,10 +244,13 @@ async def parse_body(request: Request, model_cls, max_bytes: int, timeout: float
         raise _validation_error(exc) from None
 
 
-def sampling_of(req) -> SamplingParams:
-    """The request's sampling settings, validated by `SamplingParams` (400 naming the field)."""
+def sampling_of(req, vocabulary: int) -> SamplingParams:
+    """The request's sampling settings, validated by `SamplingParams` (400 naming the field),
+    its logit bias against the model's ``vocabulary`` (logits width)."""
     try:
-        return override(OPENAI_SAMPLING, **req.sampling_fields)
+        params = override(OPENAI_SAMPLING, **req.sampling_fields)
+        params.check_vocabulary(vocabulary)
+        return params
     except AnydraftError as exc:  # "invalid sampling settings: top_p must be ..."
         field = str(exc).partition(": ")[2].split(" ", 1)[0]
         param = field if field in {f.name for f in fields(SamplingParams)} else None
@@ -366,6 +369,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                               config.head_timeout, config.trusted_proxies)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
+    vocabulary = dec0.target.logits_width
     page = PLAYGROUND.read_text(encoding="utf-8")
     script = PLAYGROUND_SCRIPT.read_text(encoding="utf-8")
     created = int(time.time())
@@ -461,7 +465,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             max_tokens = min(config.default_max_tokens if chat else 16, ctx)
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
         prompt_param = "messages" if chat else "prompt"
-        kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
+        kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req, vocabulary), chat=chat,
                       stop=req.stop_list, method=req.anydraft_method,
                       special_in_content=config.allow_special_in_content)
 

@@ -55,8 +55,10 @@ class _Sampling(_Strict):
             if getattr(self, name) not in (None, 0):
                 raise ValueError(f"{name}: penalties are not supported (they would change the "
                                  "target distribution); leave it out or pass 0")
-        if self.logit_bias:
-            raise ValueError("logit_bias: not supported; leave it out")
+        for key in self.logit_bias or ():
+            if not key.isascii() or not key.isdigit():  # JSON keys are strings: "50256"
+                raise ValueError(f"logit_bias: keys must be token ids as decimal strings "
+                                 f"(e.g. {{\"50256\": -100}}), got {key!r}")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed with stream=true (as in vLLM)")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -72,8 +74,9 @@ class _Sampling(_Strict):
     def sampling_fields(self) -> dict:
         """The `SamplingParams` fields this request sets (None: not set)."""
         top_k = None if self.top_k == TOP_K_OFF else self.top_k
+        bias = None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
         return dict(temperature=self.temperature, top_p=self.top_p, top_k=top_k,
-                    min_p=self.min_p, seed=self.seed)
+                    min_p=self.min_p, seed=self.seed, logit_bias=bias)
 
     @property
     def stop_list(self) -> list[str]:

@@ -283,3 +283,45 @@ def test_the_richer_pair_is_exact(rich, method, case):
         max_new_tokens, stop)
     assert paths >= len(want)
     assert_same_distribution(got, want)
+
+
+# -- logit_bias: one more part of the sampling transform, on the target's ids ---------------
+# "b" (2) and "c" (3) are spelt alike by the drafter, so its drafts carry the bias (`Pairing.drafter_params`);
+# "ab" (4) and "abc" (5) are the target's alone: drafts of them go unbiased
+BIAS = {2: -3.0, 3: -6.0, 4: 2.5, 5: -1.0}
+
+
+@pytest.mark.parametrize("settings", [SETTINGS[1], SETTINGS[3], SETTINGS[4]], ids=str)
+@pytest.mark.parametrize("method", ["ar", "lookup", "sd", "slem", "tli", "slrs"])
+def test_a_logit_bias_keeps_every_method_exact(toys, method, settings):
+    """The target's law with the bias is what every method gives with it: the verifiers form
+    p through the one transform, whatever the drafter's distribution carried."""
+    import dataclasses
+
+    from anydraft.methods.lookup import PromptLookup
+    from tests.methods.toys import TARGET_VOCAB, ToySession
+
+    p = params(**settings, logit_bias=BIAS)
+    want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
+    assert want != toys.exact_target_distribution(PROMPT, params(**settings), MAX_NEW)
+    pairing = toys.pairing(num_draft_tokens=2)
+    if method == "sd":
+        pairing = dataclasses.replace(
+            pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
+            new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
+    make = {"ar": Autoregressive, "lookup": lambda: PromptLookup(2, False),
+            "sd": lambda: SpeculativeSampling(pairing), **{m: (lambda m=m: METHODS[m](pairing))
+                                                          for m in METHODS}}[method]
+    got, paths = toys.method_distribution(make, PROMPT, p, MAX_NEW)
+    assert paths >= len(want)
+    assert_same_distribution(got, want)
+
+
+def test_a_drafter_of_another_vocabulary_drafts_with_the_bias_of_its_own_ids(toys):
+    pairing = toys.pairing()
+    p = params(temperature=1.0, logit_bias=BIAS)
+    drafting = pairing.drafter_params(p)
+    byte_ids = toys.drafter_table.byte_ids
+    assert drafting.logit_bias == ((byte_ids[ord("b")], -3.0), (byte_ids[ord("c")], -6.0))
+    assert pairing.drafter_params(p) is drafting  # asked every step: kept
+    assert pairing.drafter_params(params(temperature=1.0)).logit_bias == ()
