@@ -16,6 +16,7 @@ import sys
 from .config import DraftConfig
 from .sampling import SamplingParams
 
+
 def logit_bias(text: str) -> dict[int, float]:
     """``--logit-bias ID=BIAS,ID=BIAS`` as {id: bias} (`SamplingParams` checks the values)."""
     try:
