@@ -261,6 +261,7 @@ class Decoder:
         seed: int | None = None,
         logit_bias: dict[int, float] | None = None,
         max_batch: int | None = None,
+        n: int = 1,
     ) -> list[GenerationOutput]:
         """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
         step scores every unfinished prompt's candidates in one target call where the target's
@@ -269,23 +270,32 @@ class Decoder:
         the next joins. Each output is what `generate` gives for its
         prompt alone: greedy token for token with a float32 torch target (a bfloat16 or
         llama.cpp target can round a near tie differently in a batch), sampling in
-        distribution (and draw for draw at a fixed draft length)."""
+        distribution (and draw for draw at a fixed draft length).
+
+        ``n``: completions of each prompt, rows of the same batch, each exactly distributed;
+        the outputs are prompt-major (``outputs[i * n + j]``: prompt i's completion j). With a
+        seed, completion j of each prompt is a stream of its own (`SamplingParams.for_choice`)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise AnydraftError("prompts must be a non-empty list of prompts")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise AnydraftError(f"n must be a positive integer, got {n!r}")
+        runs = [(prompt, j) for prompt in prompts for j in range(n)]
         if max_batch is None:
-            max_batch = len(prompts)
+            max_batch = len(runs)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise AnydraftError(f"max_batch must be a positive integer, got {max_batch!r}")
         for prompt in prompts:  # every prompt checked before any is decoded
             self.prompt_ids(prompt, chat)
-        rows = self.new_rows(min(max_batch, len(prompts)))
+        params = override(sampling or SamplingParams(), temperature=temperature, top_k=top_k,
+                          top_p=top_p, min_p=min_p, seed=seed, logit_bias=logit_bias)
+        rows = self.new_rows(min(max_batch, len(runs)))
         batch, generations = Batch(), []
         while True:
-            while len(batch) < max_batch and len(generations) < len(prompts):
-                generations.append(self.start(
-                    prompts[len(generations)], max_new_tokens, rows=rows, sampling=sampling,
-                    chat=chat, stop=stop, method=method, temperature=temperature, top_k=top_k,
-                    top_p=top_p, min_p=min_p, seed=seed, logit_bias=logit_bias))
+            while len(batch) < max_batch and len(generations) < len(runs):
+                prompt, j = runs[len(generations)]
+                generations.append(self.start(prompt, max_new_tokens, rows=rows,
+                                              sampling=params.for_choice(j), chat=chat, stop=stop,
+                                              method=method))
                 batch.join(generations[-1])
             if not batch:
                 return [g.result()[1] for g in generations]

@@ -10,10 +10,11 @@ acceptance but never exactness, since every verifier forms p from the target's l
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .config import is_int, is_number
@@ -109,6 +110,15 @@ class SamplingParams:
         logits = logits.clone()
         logits[..., ids] += values
         return logits
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The settings of completion ``index`` of several of one prompt (OpenAI's ``n``):
+        completion 0 keeps the seed, each other gets a distinct one derived from it, so every
+        completion is its own reproducible stream (unseeded, each draws a fresh seed anyway)."""
+        if index == 0 or self.seed is None:
+            return self
+        digest = hashlib.sha256(f"{self.seed}:{index}".encode()).digest()
+        return replace(self, seed=int.from_bytes(digest[:8], "little") >> 1)
 
     def generator(self) -> torch.Generator:
         """A fresh generator: seeded runs are reproducible, unseeded ones are not."""

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_TOKENS_CAP = 1_000_000  # a static sanity bound; the context window is checked per request
 MAX_STOP = 4
+# completions of one request (``n``): each is a generation of its own, a batch row while it
+# runs and a place in the queue while it waits, so one request may take at most this many
+MAX_N = 16
 TOP_K_OFF = -1  # vLLM's spelling of "no top-k", which clients built for vLLM send
 
 
@@ -36,7 +39,7 @@ class _Sampling(_Strict):
     min_p: float | None = None  # extension
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = Field(None, ge=1, le=128)
+    n: int | None = Field(None, ge=1, le=MAX_N)
     stream: bool | None = None  # null: not streamed, as OpenAI's own server takes it
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -49,8 +52,6 @@ class _Sampling(_Strict):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n not in (None, 1):
-            raise ValueError("n: only n=1 is supported")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0):
                 raise ValueError(f"{name}: penalties are not supported (they would change the "
@@ -77,6 +78,11 @@ class _Sampling(_Strict):
         bias = None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
         return dict(temperature=self.temperature, top_p=self.top_p, top_k=top_k,
                     min_p=self.min_p, seed=self.seed, logit_bias=bias)
+
+    @property
+    def choices(self) -> int:
+        """Completions asked for (``n``)."""
+        return self.n or 1
 
     @property
     def stop_list(self) -> list[str]:

@@ -88,7 +88,8 @@ CORPUS = [
     ("seed beyond int64", 400, _chat(seed=2**64)),
     ("negative top_k", 400, _chat(top_k=-2)),  # -1 means off, as in vLLM
     ("min_p one", 400, _chat(min_p=1.0)),
-    ("n=2", 400, _chat(n=2)),
+    ("n above 16", 400, _chat(n=17)),
+    ("n zero", 400, _chat(n=0)),
     ("stream not bool", 400, _chat(stream="yes")),
     ("stream_options without stream", 400, _chat(stream_options={"include_usage": True})),
     ("tool_choice auto", 400, _chat(tool_choice="auto")),
