@@ -160,6 +160,17 @@ class SamplingParams:
             probs = probs.masked_fill(probs < threshold, 0.0)
         return probs / probs.sum(dim=-1, keepdim=True)
 
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-probabilities a generation reports for its tokens (OpenAI's ``logprobs``):
+        those of `probs`, what each token was sampled from (-inf where truncated away). Greedy
+        decoding's is a one-hot, which says nothing: it reports the model's own distribution
+        with the logit bias (temperature 1, nothing cut), as OpenAI does at temperature 0."""
+        import torch
+
+        if self.greedy:
+            return torch.log_softmax(self._processed_logits(logits), dim=-1)
+        return torch.log(self.probs(logits))
+
     def _processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 (float64 stays: exhaustive tests compare to 1e-9) logits with the bias."""
         import torch

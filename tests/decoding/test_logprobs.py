@@ -1,0 +1,88 @@
+"""Log-probabilities (OpenAI's ``logprobs``): each committed token's, every method, exactly what
+plain decoding reports for the same tokens: the target's processed distribution at the token's
+position, read off the call that verified it."""
+
+import math
+
+import pytest
+import torch
+
+from anydraft.decoding import DecodeState, Finish, Generation, Stats, decode_batch
+from anydraft.decoding.logprobs import token_logprobs
+from anydraft.methods import (
+    SpeculativeSampling,
+    StringLevelExactMatch,
+    StringLevelRejectionSampling,
+    TokenLevelIntersection,
+)
+from anydraft.methods.ar import Autoregressive
+from anydraft.methods.lookup import PromptLookup
+from anydraft.sampling import SamplingParams
+
+TOP = 3
+
+
+def reference(session_logits, params, prompt, tokens, top=TOP):
+    """Plain decoding's report: each token's position scored on its own."""
+    logits = torch.stack([session_logits(tuple(prompt + tokens[:i])) for i in range(len(tokens))])
+    return token_logprobs(params, logits, tokens, top)
+
+
+def assert_logprobs_equal(got, want, tol):
+    assert [g.token for g in got] == [w.token for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert math.isfinite(g.logprob) and abs(g.logprob - w.logprob) <= tol, (g, w)
+        assert len(g.top) == len(w.top)
+        for (gi, gv), (wi, wv) in zip(g.top, w.top, strict=True):
+            assert abs(gv - wv) <= tol and (gi == wi or abs(gv - wv) <= tol), (g.top, w.top)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_k=4),
+                                      dict(temperature=0.0), dict(temperature=1.2, logit_bias={4: 2.0})],
+                         ids=str)
+@pytest.mark.parametrize("method", ["ar", "lookup", "sd", "slem", "tli", "slrs"])
+def test_every_method_reports_the_targets_own_logprobs(toys, method, settings):
+    import dataclasses
+
+    from tests.methods.toys import TARGET_VOCAB, ToySession
+
+    params = SamplingParams(**settings)
+    pairing = toys.pairing(num_draft_tokens=3)
+    if method == "sd":
+        pairing = dataclasses.replace(
+            pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
+            new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
+    make = {"ar": Autoregressive, "lookup": lambda: PromptLookup(3, False),
+            "sd": lambda: SpeculativeSampling(pairing), "slem": lambda: StringLevelExactMatch(pairing),
+            "tli": lambda: TokenLevelIntersection(pairing),
+            "slrs": lambda: StringLevelRejectionSampling(pairing)}[method]
+    prompt, accepted = [1, 2, 1, 2], 0
+    for seed in range(8):  # draws that accept, reject and stop at an EOS or a stop string
+        state = DecodeState(toys.target_session(), list(prompt), params,
+                            torch.Generator().manual_seed(seed), Stats(), top_logprobs=TOP)
+        gen = Generation(state, make(), 8, toys.target_table.eos_ids, toys._text(["bcb"]), Finish())
+        decode_batch([gen])
+        tokens = state.committed[len(prompt):]
+        assert len(gen.logprobs) == len(tokens) > 0
+        want = reference(toys.target_session().logits, params, prompt, tokens)
+        assert_logprobs_equal(gen.logprobs, want, 1e-12)
+        assert gen.result()[1].logprobs == gen.logprobs
+        accepted += state.stats.accepted
+    # drafted tokens were reported (copies of this toy text are kept too rarely to count on)
+    assert method in ("ar", "lookup") or accepted > 0
+
+
+def test_no_logprobs_asked_none_kept(toys):
+    state = DecodeState(toys.target_session(), [1], SamplingParams(), torch.Generator(), Stats())
+    gen = Generation(state, Autoregressive(), 4, toys.target_table.eos_ids, toys._text([]), Finish())
+    decode_batch([gen])
+    assert gen.logprobs == [] and state.step_logprobs == [] and gen.result()[1].logprobs is None
+
+
+def test_greedy_reports_the_models_own_distribution_with_the_bias():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    got = token_logprobs(SamplingParams(), logits, [0], 2)[0]
+    assert got.logprob == pytest.approx(math.log(0.5)) and [i for i, _ in got.top] == [0, 1]
+    # sampling: the processed distribution; what top-k cut is not an alternative
+    got = token_logprobs(SamplingParams(temperature=1.0, top_k=1), logits, [0], 3)[0]
+    assert got.logprob == 0.0 and got.top == [(0, 0.0)]
