@@ -20,14 +20,13 @@ from .bridge import token_table
 from .chat import chat_ids
 from .config import DraftConfig, check_method, is_int, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
-from .decoding.logprobs import MAX_TOP_LOGPROBS
 from .errors import AnydraftError
 from .hardware.profile import cached_curve
 from .methods.policy import Costs, Estimates
 from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
-from .sampling import SamplingParams
+from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:

@@ -28,6 +28,7 @@ MAX_BIAS = 100  # |logit bias|: OpenAI's range; -100 bans a token, +100 all but 
 # entries of a logit bias: each is added to every distribution formed, drafts included, and
 # OpenAI's own API takes a few hundred; this bounds the work a request can ask for
 MAX_BIASED_TOKENS = 1024
+MAX_TOP_LOGPROBS = 20  # alternatives per token a generation reports (`logprobs`): OpenAI's cap
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,6 @@ import torch
 
 from ..sampling import SamplingParams
 
-MAX_TOP_LOGPROBS = 20  # alternatives per token: OpenAI's own cap for chat completions
-
 
 @dataclass
 class TokenLogprob:
@@ -32,7 +30,7 @@ class TokenLogprob:
 def token_logprobs(params: SamplingParams, logits: torch.Tensor, tokens: list[int],
                    top: int) -> list[TokenLogprob]:
     """The `TokenLogprob` of each of ``tokens``, ``logits`` row i scoring token i's position,
-    with ``top`` (0..`MAX_TOP_LOGPROBS`) alternatives each."""
+    with ``top`` (0..`sampling.MAX_TOP_LOGPROBS`) alternatives each."""
     logprobs = params.logprobs(logits[: len(tokens)])
     chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
     if top:

@@ -68,6 +68,9 @@ PLAYGROUND_HEADERS = {
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache"}
+# a log-probability JSON cannot carry (-inf: a token the sampling settings ruled out), as
+# vLLM spells it
+LOGPROB_FLOOR = -9999.0
 OPENAI_SAMPLING = SamplingParams(temperature=1.0)  # what a request leaves out (OpenAI's defaults)
 
 
@@ -390,6 +393,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     dec0 = decoders[0]
     ctx = dec0.target.context_window
     vocabulary = dec0.target.logits_width
+    table, tokenizer = dec0.table, dec0.target.tokenizer  # logprobs' tokens as text
     page = PLAYGROUND.read_text(encoding="utf-8")
     script = PLAYGROUND_SCRIPT.read_text(encoding="utf-8")
     created = int(time.time())
@@ -501,7 +505,8 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         prompt_param = "messages" if chat else "prompt"
         sampling = sampling_of(req, vocabulary)
         kwargs = dict(max_new_tokens=max_tokens, chat=chat, stop=req.stop_list,
-                      method=req.anydraft_method, special_in_content=config.allow_special_in_content)
+                      method=req.anydraft_method, special_in_content=config.allow_special_in_content,
+                      logprobs=req.top_alternatives)
 
         def starter(params: SamplingParams):
             def start(decoder, rows, job: Job):  # what fails here is the request's fault
@@ -577,6 +582,34 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}
 
+    def logprobs_json(entries: list, chat: bool, offset: int = 0) -> tuple[dict, int]:
+        """``entries`` (`TokenLogprob`s) as OpenAI writes a choice's ``logprobs``: chat's
+        ``content`` list, or completions' parallel lists (``text_offset`` counted from
+        ``offset`` characters); and the offset after them."""
+        def token(t: int) -> tuple[str, list[int]]:
+            special = t >= len(table.token_bytes) or t in table.special_ids
+            spelt = (tokenizer.convert_ids_to_tokens(t) or "").encode() if special else table.token_bytes[t]
+            return spelt.decode("utf-8", errors="replace"), list(spelt)
+
+        def logprob(value: float) -> float:
+            return max(value, LOGPROB_FLOOR)
+
+        texts = [token(e.token) for e in entries]
+        if chat:
+            content = [{"token": text, "logprob": logprob(e.logprob), "bytes": spelt,
+                        "top_logprobs": [{"token": token(t)[0], "logprob": logprob(v),
+                                          "bytes": token(t)[1]} for t, v in e.top]}
+                       for e, (text, spelt) in zip(entries, texts, strict=True)]
+            return {"content": content, "refusal": None}, offset
+        starts = []
+        for text, _ in texts:
+            starts.append(offset)
+            offset += len(text)
+        return {"tokens": [text for text, _ in texts],
+                "token_logprobs": [logprob(e.logprob) for e in entries],
+                "top_logprobs": [{token(t)[0]: logprob(v) for t, v in e.top} for e in entries],
+                "text_offset": starts}, offset
+
     def first_token(request: Request):
         arrived = request.scope.get("state", {}).get("arrived")
         if arrived is not None:
@@ -614,11 +647,13 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             usages.append(usage)
             all_stats.append(stats)
             text = "".join(parts[index])
+            logprobs = None if out.logprobs is None else logprobs_json(out.logprobs, chat)[0]
             if chat:
                 body.append({"index": index, "message": {"role": "assistant", "content": text},
-                             "logprobs": None, "finish_reason": reason})
+                             "logprobs": logprobs, "finish_reason": reason})
             else:
-                body.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
+                body.append({"index": index, "text": text, "logprobs": logprobs,
+                             "finish_reason": reason})
         return {"id": cid, "object": "chat.completion" if chat else "text_completion",
                 "created": now, "model": config.model_id, "system_fingerprint": None,
                 "choices": body, "usage": total_usage(usages),
@@ -627,22 +662,28 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
     async def sse(request: Request, req, choices: Choices, chat: bool, cid: str, now: int):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(index: int, piece: str | None, reason=None, **extra) -> str:
+        n = len(choices.jobs)
+        offsets = [0] * n  # per choice: characters its tokens' logprobs spelt so far
+
+        def chunk(index: int, piece: str | None, reason=None, tokens=(), **extra) -> str:
+            logprobs = None
+            if tokens:  # log-probabilities of the piece's tokens
+                logprobs, offsets[index] = logprobs_json(tokens, chat, offsets[index])
             if chat:
                 delta = {} if piece is None else {"content": piece}
                 if extra.pop("role", False):
                     delta["role"] = "assistant"
-                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+                choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             else:
-                choice = {"index": index, "text": piece or "", "logprobs": None,
+                choice = {"index": index, "text": piece or "", "logprobs": logprobs,
                           "finish_reason": reason}
             body = {"id": cid, "object": obj, "created": now, "model": config.model_id,
                     "system_fingerprint": None, "choices": [choice], **extra}
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-        n = len(choices.jobs)
         usages, failed, first = [None] * n, None, True
         steps = [[] for _ in range(n)]  # per choice: the last steps that showed no text
+        tokens = [[] for _ in range(n)]  # and their tokens' log-probabilities
         ended = False  # the response ended as it should: every choice done, or an error sent
         try:
             if chat:
@@ -652,18 +693,20 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                 index, kind, payload = await next_event(request, choices)
                 if kind == "delta" and not payload.text:
                     steps[index] += payload.steps
+                    tokens[index] += payload.logprobs
                 elif kind == "delta":
                     if first:
                         first_token(request)
                         first = False
                     spans = [{"text": text, "origin": origin} for text, origin in payload.spans]
-                    yield chunk(index, payload.text, anydraft={"spans": spans, "steps": payload.steps})
+                    yield chunk(index, payload.text, tokens=payload.logprobs,
+                                anydraft={"spans": spans, "steps": payload.steps})
                 elif kind == "done":
                     reason, usages[index], stats = finish(request, payload)
                     extra = {"anydraft": {**stats, "steps": steps[index]}}
                     if None not in usages and not req.include_usage:
                         extra["usage"] = total_usage(usages)  # on the chunk the client sees last
-                    yield chunk(index, None, reason, **extra)
+                    yield chunk(index, None, reason, tokens=tokens[index], **extra)
                 elif kind == "cancelled":
                     return
                 elif kind == "error":

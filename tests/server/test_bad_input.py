@@ -99,7 +99,7 @@ CORPUS = [
     ("empty stop string", 400, _chat(stop=[""])),
     ("presence penalty", 400, _chat(presence_penalty=1.0)),
     ("tools", 400, _chat(tools=[{"type": "function", "function": {"name": "f"}}])),
-    ("logprobs", 400, _chat(logprobs=True)),
+    ("top_logprobs without logprobs", 400, _chat(top_logprobs=2)),
     # -- prompts the model cannot take
     ("prompt longer than context", 400, _chat(messages=[{"role": "user", "content": "hello " * (CONTEXT + 50)}])),
     ("completion prompt too long", 400, _json(COMP, {"model": MODEL_ID, "prompt": "hello " * (CONTEXT + 50)})),

@@ -103,3 +103,64 @@ def test_a_bad_logit_bias_is_a_400_naming_it(server, bias, fix):
     err = r.json()["error"]
     assert err["param"] == "logit_bias" or err["param"].startswith("logit_bias"), err
     assert fix is None or fix in err["message"], err
+
+
+# -- logprobs ------------------------------------------------------------------------------
+def test_chat_logprobs_are_plain_decodings(client, decoder):
+    """Greedy: the model's own log-probabilities (with the bias), as plain decoding reports them."""
+    ref = decoder.generate(MESSAGES, max_new_tokens=12, temperature=0.0, logprobs=3, method="ar")
+    kw = dict(model=MODEL_ID, messages=MESSAGES, temperature=0, max_tokens=12, logprobs=True,
+              top_logprobs=3)
+    resp = client.chat.completions.create(**kw)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == len(ref.token_ids) == resp.usage.completion_tokens
+    table = decoder.table
+    for got, want in zip(content, ref.logprobs, strict=True):
+        assert bytes(got.bytes) == table.token_bytes[want.token]
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
+        assert [bytes(t.bytes) for t in got.top_logprobs] == [table.token_bytes[t] for t, _ in want.top]
+        assert [t.logprob for t in got.top_logprobs] == pytest.approx([v for _, v in want.top], abs=1e-5)
+    _, _, chunks = streamed(client.chat.completions.create(stream=True, **kw))
+    streamed_content = [e for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+    assert [e.token for e in streamed_content] == [e.token for e in content]
+    assert [e.logprob for e in streamed_content] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    plain = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=4)
+    assert plain.choices[0].logprobs is None  # not asked: none
+
+
+def test_sampled_completion_logprobs_of_n_choices_streamed_and_not(batched_client):
+    """On the drafting, batching server: each choice's tokens with their log-probabilities
+    (drafted ones from the verifying call), the same streamed as not."""
+    kw = dict(model=MODEL_ID, prompt="hello world", temperature=0.8, top_k=20, seed=3,
+              max_tokens=16, n=2, logprobs=2, extra_body={"top_k": 20})
+    kw.pop("top_k")
+    resp = batched_client.completions.create(**kw)
+    stats = resp.model_extra["anydraft"]["choices"]
+    assert sum(s["accepted"] for s in stats) > 0  # drafted tokens were reported
+    for choice, s in zip(resp.choices, stats, strict=True):
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == s["new_tokens"]
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+        for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+            assert value <= 0 and 1 <= len(top) <= 2
+            if token in top and "\ufffd" not in token:  # a part of a character: not one key
+                assert top[token] == pytest.approx(value, abs=1e-6)
+    chunks = list(batched_client.completions.create(stream=True, **kw))
+    for index, choice in enumerate(resp.choices):
+        got = [v for c in chunks for ch in c.choices if ch.index == index and ch.logprobs
+               for v in ch.logprobs.token_logprobs]
+        assert got == pytest.approx(choice.logprobs.token_logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("body", [dict(top_logprobs=2), dict(logprobs=True, top_logprobs=21),
+                                  dict(logprobs=True, top_logprobs=-1), dict(logprobs=3)])
+def test_bad_chat_logprobs_are_400s(server, body):
+    r = httpx.post(server.base + "/v1/chat/completions", json=chat_body(**body), timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] in ("logprobs", "top_logprobs")
+
+
+def test_completion_logprobs_above_5_are_a_400(server):
+    r = httpx.post(server.base + "/v1/completions", timeout=30,
+                   json={"model": MODEL_ID, "prompt": "a", "logprobs": 6})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
