@@ -20,6 +20,11 @@ from anydraft.methods.lookup import PromptLookup
 from anydraft.sampling import SamplingParams
 
 TOP = 3
+# float32 logits of one position scored in calls of different lengths (the prompt alone, or
+# with a step's candidates) differ by ~1e-5 (sums in another order): measured up to 1.9e-5 in
+# log-probability on SmolLM2 at temperature 0.8, 7e-6 greedy. The report itself is exact
+# (1e-12 on the toys, in float64).
+FLOAT32_NOISE = 5e-5
 
 
 def reference(session_logits, params, prompt, tokens, top=TOP):
@@ -86,3 +91,38 @@ def test_greedy_reports_the_models_own_distribution_with_the_bias():
     # sampling: the processed distribution; what top-k cut is not an alternative
     got = token_logprobs(SamplingParams(temperature=1.0, top_k=1), logits, [0], 3)[0]
     assert got.logprob == 0.0 and got.top == [(0, 0.0)]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [dict(temperature=0.8, top_k=40, seed=1),
+                                      dict(temperature=0.0, logit_bias={13: 3.0})], ids=str)
+def test_every_method_reports_plain_decodings_logprobs_on_a_real_model(real_model, settings):
+    """SmolLM2 in float32: the log-probabilities each method reports for its tokens, drafted
+    ones read off the verifying call, are plain decoding's (one position a call), to float32's
+    noise between calls of different lengths."""
+    from anydraft import Decoder
+    from anydraft.models.loading import load_tokenizer
+    from tests.methods.test_greedy_real import mixed_prompts
+
+    target = "smollm2-135m"
+    model = real_model(target)
+    drafters = {"ar": None, "lookup": None, "sd": (target, "float32"),
+                "slem": ("gemma3-270m", "bfloat16"), "tli": ("gemma3-270m", "bfloat16"),
+                "slrs": ("gemma3-270m", "bfloat16")}
+    params = SamplingParams(**settings)
+    prompt = mixed_prompts()[3]
+    if params.greedy:  # every greedy verifier is exact match: one of each kind of drafter
+        drafters = {m: drafters[m] for m in ("ar", "sd", "slem")}
+    for method, drafter in drafters.items():
+        dec = Decoder(target=model, tokenizer=load_tokenizer(target), adaptive=False,
+                      drafter=None if drafter is None else real_model(*drafter),
+                      drafter_tokenizer=None if drafter is None else load_tokenizer(drafter[0]))
+        out = dec.generate(prompt, max_new_tokens=16, method=method, sampling=params, logprobs=2)
+        assert method in ("ar", "lookup") or out.stats["accepted"] > 0, method
+        # plain decoding's calls: the whole prompt, then one token a call
+        session, ids = dec.target.new_session(), dec.prompt_ids(prompt)
+        logits = torch.cat([session.feed(ids, rows=1)] +
+                           [session.feed([t], rows=1) for t in out.token_ids[:-1]])
+        want = token_logprobs(params, logits, out.token_ids, 2)
+        assert_logprobs_equal(out.logprobs, want, FLOAT32_NOISE)
