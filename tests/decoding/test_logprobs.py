@@ -9,14 +9,7 @@ import torch
 
 from anydraft.decoding import DecodeState, Finish, Generation, Stats, decode_batch
 from anydraft.decoding.logprobs import token_logprobs
-from anydraft.methods import (
-    SpeculativeSampling,
-    StringLevelExactMatch,
-    StringLevelRejectionSampling,
-    TokenLevelIntersection,
-)
 from anydraft.methods.ar import Autoregressive
-from anydraft.methods.lookup import PromptLookup
 from anydraft.sampling import SamplingParams
 
 TOP = 3
@@ -47,20 +40,8 @@ def assert_logprobs_equal(got, want, tol):
                          ids=str)
 @pytest.mark.parametrize("method", ["ar", "lookup", "sd", "slem", "tli", "slrs"])
 def test_every_method_reports_the_targets_own_logprobs(toys, method, settings):
-    import dataclasses
-
-    from tests.methods.toys import TARGET_VOCAB, ToySession
-
     params = SamplingParams(**settings)
-    pairing = toys.pairing(num_draft_tokens=3)
-    if method == "sd":
-        pairing = dataclasses.replace(
-            pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
-            new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
-    make = {"ar": Autoregressive, "lookup": lambda: PromptLookup(3, False),
-            "sd": lambda: SpeculativeSampling(pairing), "slem": lambda: StringLevelExactMatch(pairing),
-            "tli": lambda: TokenLevelIntersection(pairing),
-            "slrs": lambda: StringLevelRejectionSampling(pairing)}[method]
+    make = toys.make(method, num_draft_tokens=3)
     prompt, accepted = [1, 2, 1, 2], 0
     for seed in range(8):  # draws that accept, reject and stop at an EOS or a stop string
         state = DecodeState(toys.target_session(), list(prompt), params,

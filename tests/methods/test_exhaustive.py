@@ -296,23 +296,10 @@ BIAS = {2: -3.0, 3: -6.0, 4: 2.5, 5: -1.0}
 def test_a_logit_bias_keeps_every_method_exact(toys, method, settings):
     """The target's law with the bias is what every method gives with it: the verifiers form
     p through the one transform, whatever the drafter's distribution carried."""
-    import dataclasses
-
-    from anydraft.methods.lookup import PromptLookup
-    from tests.methods.toys import TARGET_VOCAB, ToySession
-
     p = params(**settings, logit_bias=BIAS)
     want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
     assert want != toys.exact_target_distribution(PROMPT, params(**settings), MAX_NEW)
-    pairing = toys.pairing(num_draft_tokens=2)
-    if method == "sd":
-        pairing = dataclasses.replace(
-            pairing, drafter_table=toys.target_table, drafter_vocab_size=len(TARGET_VOCAB),
-            new_drafter_session=lambda: ToySession(len(TARGET_VOCAB), "drafter", scale=1.0))
-    make = {"ar": Autoregressive, "lookup": lambda: PromptLookup(2, False),
-            "sd": lambda: SpeculativeSampling(pairing), **{m: (lambda m=m: METHODS[m](pairing))
-                                                          for m in METHODS}}[method]
-    got, paths = toys.method_distribution(make, PROMPT, p, MAX_NEW)
+    got, paths = toys.method_distribution(toys.make(method), PROMPT, p, MAX_NEW)
     assert paths >= len(want)
     assert_same_distribution(got, want)
 
