@@ -107,3 +107,21 @@ def test_every_method_reports_plain_decodings_logprobs_on_a_real_model(real_mode
                            [session.feed([t], rows=1) for t in out.token_ids[:-1]])
         want = token_logprobs(params, logits, out.token_ids, 2)
         assert_logprobs_equal(out.logprobs, want, FLOAT32_NOISE)
+
+
+def test_the_cli_prints_them_with_json(tmp_path, capsys):
+    import json
+
+    from anydraft.cli import main
+    from tests.helpers import byte_tokenizer, tiny_llama
+
+    tok = byte_tokenizer()
+    tiny_llama(len(tok)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    argv = ["generate", "--target", str(tmp_path), "--dtype", "float32", "--prompt", "hello",
+            "--max-new-tokens", "4", "--method", "ar", "--logit-bias", "104=-100"]
+    assert main([*argv, "--json", "--logprobs", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e[0] for e in out["logprobs"]] == out["token_ids"] and 104 not in out["token_ids"]
+    assert all(len(e[2]) == 2 and e[1] <= 0 for e in out["logprobs"])
+    assert main([*argv, "--logprobs", "2"]) == 2 and "add --json" in capsys.readouterr().err
