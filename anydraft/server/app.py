@@ -594,14 +594,15 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         def logprob(value: float) -> float:
             return max(value, LOGPROB_FLOOR)
 
-        texts = [token(e.token) for e in entries]
         if chat:
-            content = [{"token": text, "logprob": logprob(e.logprob), "bytes": spelt,
-                        "top_logprobs": [{"token": token(t)[0], "logprob": logprob(v),
-                                          "bytes": token(t)[1]} for t, v in e.top]}
-                       for e, (text, spelt) in zip(entries, texts, strict=True)]
+            def entry(t: int, value: float, **more) -> dict:
+                text, spelt = token(t)
+                return {"token": text, "logprob": logprob(value), "bytes": spelt, **more}
+
+            content = [entry(e.token, e.logprob, top_logprobs=[entry(t, v) for t, v in e.top])
+                       for e in entries]
             return {"content": content, "refusal": None}, offset
-        starts = []
+        texts, starts = [token(e.token) for e in entries], []
         for text, _ in texts:
             starts.append(offset)
             offset += len(text)
