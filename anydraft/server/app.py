@@ -545,8 +545,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         # fail tells whether the request was good
         try:
             index, kind, payload = await next_event(request, choices, deadline)
+            if kind == "error":
+                raise _user_error(payload, prompt_param)
         except BaseException as exc:
-            for job in choices.jobs:
+            for job in choices.jobs:  # the others, still queued or running
                 scheduler.cancel(job)
             if isinstance(exc, ClientGone):  # gave up while queued or starting
                 metrics.generations.labels("cancelled").inc()
@@ -557,10 +559,6 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                                type="server_error", code="timeout",
                                headers={"Retry-After": "5"}) from None
             raise
-        if kind == "error":
-            for job in choices.jobs:
-                scheduler.cancel(job)
-            raise _user_error(payload, prompt_param)
         assert kind == "started", kind
         job = choices.jobs[index]
         metrics.queue_wait.observe((job.started_at or time.perf_counter()) - job.enqueued_at)
