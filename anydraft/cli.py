@@ -32,15 +32,20 @@ def cmd_generate(args) -> int:
     else:
         prompt = args.prompt
     sampling = sampling_params(args)  # invalid settings fail before the models load
+    if args.logprobs is not None and not args.json:
+        raise AnydraftError("--logprobs prints with --json only: add --json")
     from .decoder import Decoder
 
     dec = Decoder(**decoder_options(args))
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, chat=args.chat,
                   stop=args.stop)
     if args.json:
-        out = dec.generate(prompt, **kwargs)
-        print(json.dumps({"text": out.text, "token_ids": out.token_ids,
-                          "finish_reason": out.finish_reason, "stats": out.stats}, indent=2))
+        out = dec.generate(prompt, logprobs=args.logprobs, **kwargs)
+        result = {"text": out.text, "token_ids": out.token_ids,
+                  "finish_reason": out.finish_reason, "stats": out.stats}
+        if out.logprobs is not None:  # per token: [id, log-probability, [[id, lp], ...]]
+            result["logprobs"] = [[e.token, e.logprob, e.top] for e in out.logprobs]
+        print(json.dumps(result, indent=2))
     else:
         stream = dec.stream(prompt, **kwargs)
         for delta in stream:
@@ -133,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's log-probability and its N (0-20) most likely "
+                        "alternatives under the target's processed distribution")
     add_sampling_options(g)
     g.set_defaults(func=cmd_generate)
 

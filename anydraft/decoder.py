@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from . import methods
 from .bridge import token_table
 from .chat import chat_ids
-from .config import DraftConfig, check_method, override
+from .config import DraftConfig, check_method, is_int, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
 from .hardware.profile import cached_curve
@@ -26,7 +26,7 @@ from .methods.policy import Costs, Estimates
 from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
-from .sampling import SamplingParams
+from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -180,7 +180,7 @@ class Decoder:
               sampling: SamplingParams | None = None, chat: bool = True,
               stop: str | Sequence[str] | None = None, method: str | None = None,
               cancel: Callable[[], str | None] | None = None, special_in_content: bool = False,
-              **shortcuts) -> Generation:
+              logprobs: int | None = None, **shortcuts) -> Generation:
         """One request, checked and ready to run in a `Batch` (the entry point of `stream`,
         `generate_batch` and the server): `generate`'s arguments, plus ``rows``, the
         batches (`new_rows`) whose rows the target and drafter run in (None: sessions of their
@@ -189,15 +189,17 @@ class Decoder:
         (`prompt_ids`). Bad input raises here."""
         params = override(sampling or SamplingParams(), **shortcuts)
         return self.start_ids(self.prompt_ids(prompt, chat, special_in_content), max_new_tokens,
-                              rows=rows, sampling=params, stop=stop, method=method, cancel=cancel)
+                              rows=rows, sampling=params, stop=stop, method=method, cancel=cancel,
+                              logprobs=logprobs)
 
     def start_ids(self, ids: list[int], max_new_tokens: int = 128, *, rows: Rows | None = None,
                   sampling: SamplingParams | None = None, stop: str | Sequence[str] | None = None,
                   method: str | None = None, cancel: Callable[[], str | None] | None = None,
-                  eos_ids: frozenset[int] | None = None, generator=None) -> Generation:
+                  eos_ids: frozenset[int] | None = None, generator=None,
+                  logprobs: int | None = None) -> Generation:
         """`start` for a prompt given as token ids (`check_ids`), read as they are; ``eos_ids``
         (None: the decoder's own) end generation, ``generator`` (None: one of ``sampling``'s)
-        draws every random choice."""
+        draws every random choice, ``logprobs`` (`generate`'s)."""
         method = self.draft.method if method is None else check_method(method, self.drafter is not None)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -207,11 +209,16 @@ class Decoder:
             stop = [stop]
         if not all(isinstance(s, str) for s in stop):
             raise AnydraftError("stop must be a string or a list of strings")
+        if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise AnydraftError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} "
+                                f"(alternatives per token), got {logprobs!r}")
         params = sampling or SamplingParams()
+        params.check_vocabulary(self.target.logits_width)
         ids = self.check_ids(list(ids))
         session = self.target.new_session() if rows is None else RowView(rows.target)
         state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
-                            drafter_rows=None if rows is None else rows.drafter)
+                            drafter_rows=None if rows is None else rows.drafter,
+                            top_logprobs=logprobs)
         text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
         return Generation(state, self._method_factory(method, params, max_new_tokens),
                           max_new_tokens, self.eos_ids if eos_ids is None else eos_ids, text,
@@ -231,13 +238,18 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
+        logprobs: int | None = None,
     ) -> GenerationOutput:
         """Generate a completion. ``sampling`` (default: greedy) with the shortcuts
-        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed`` overriding its fields;
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``logit_bias`` ({target
+        token id: bias in [-100, 100]}) overriding its fields; ``logprobs`` (None: none): the
+        output's ``logprobs`` has each token's log-probability under the target's processed
+        distribution and that many top alternatives (0..20), as plain decoding reports them;
         ``method`` overrides the decoder's method for this call."""
         stream = self.stream(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
                              method=method, temperature=temperature, top_k=top_k, top_p=top_p,
-                             min_p=min_p, seed=seed)
+                             min_p=min_p, seed=seed, logit_bias=logit_bias, logprobs=logprobs)
         for _ in stream:
             pass
         return stream.output
@@ -256,7 +268,10 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
         max_batch: int | None = None,
+        n: int = 1,
+        logprobs: int | None = None,
     ) -> list[GenerationOutput]:
         """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
         step scores every unfinished prompt's candidates in one target call where the target's
@@ -265,23 +280,32 @@ class Decoder:
         the next joins. Each output is what `generate` gives for its
         prompt alone: greedy token for token with a float32 torch target (a bfloat16 or
         llama.cpp target can round a near tie differently in a batch), sampling in
-        distribution (and draw for draw at a fixed draft length)."""
+        distribution (and draw for draw at a fixed draft length).
+
+        ``n``: completions of each prompt, rows of the same batch, each exactly distributed;
+        the outputs are prompt-major (``outputs[i * n + j]``: prompt i's completion j). With a
+        seed, completion j of each prompt is a stream of its own (`SamplingParams.for_choice`)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise AnydraftError("prompts must be a non-empty list of prompts")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise AnydraftError(f"n must be a positive integer, got {n!r}")
+        runs = [(prompt, j) for prompt in prompts for j in range(n)]
         if max_batch is None:
-            max_batch = len(prompts)
+            max_batch = len(runs)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise AnydraftError(f"max_batch must be a positive integer, got {max_batch!r}")
         for prompt in prompts:  # every prompt checked before any is decoded
             self.prompt_ids(prompt, chat)
-        rows = self.new_rows(min(max_batch, len(prompts)))
+        params = override(sampling or SamplingParams(), temperature=temperature, top_k=top_k,
+                          top_p=top_p, min_p=min_p, seed=seed, logit_bias=logit_bias)
+        rows = self.new_rows(min(max_batch, len(runs)))
         batch, generations = Batch(), []
         while True:
-            while len(batch) < max_batch and len(generations) < len(prompts):
-                generations.append(self.start(
-                    prompts[len(generations)], max_new_tokens, rows=rows, sampling=sampling,
-                    chat=chat, stop=stop, method=method, temperature=temperature, top_k=top_k,
-                    top_p=top_p, min_p=min_p, seed=seed))
+            while len(batch) < max_batch and len(generations) < len(runs):
+                prompt, j = runs[len(generations)]
+                generations.append(self.start(prompt, max_new_tokens, rows=rows,
+                                              sampling=params.for_choice(j), chat=chat, stop=stop,
+                                              method=method, logprobs=logprobs))
                 batch.join(generations[-1])
             if not batch:
                 return [g.result()[1] for g in generations]
@@ -301,6 +325,8 @@ class Decoder:
         top_p: float | None = None,
         min_p: float | None = None,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
+        logprobs: int | None = None,
         cancel: Callable[[], str | None] | None = None,
     ) -> TextStream:
         """Text deltas as tokens are committed (never splitting a UTF-8 character); the
@@ -313,7 +339,8 @@ class Decoder:
         """
         return TextStream(self.start(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
                                      method=method, cancel=cancel, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, min_p=min_p, seed=seed))
+                                     top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                     logit_bias=logit_bias, logprobs=logprobs))
 
 
 class TextStream:

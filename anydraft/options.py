@@ -16,7 +16,17 @@ import sys
 from .config import DraftConfig
 from .sampling import SamplingParams
 
-_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+
+def logit_bias(text: str) -> dict[int, float]:
+    """``--logit-bias ID=BIAS,ID=BIAS`` as {id: bias} (`SamplingParams` checks the values)."""
+    try:
+        return {int(i): float(b) for i, _, b in (p.partition("=") for p in text.split(",") if p)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give ID=BIAS pairs, e.g. 1234=-100,99=5") from None
+
+
+_TYPES = {"int": int, "float": float, "str": str, "int | None": int,
+          "tuple[tuple[int, float], ...]": logit_bias}
 
 
 def _add(parser: argparse.ArgumentParser, title: str, defaults, skip: tuple[str, ...]) -> None:
@@ -32,7 +42,7 @@ def _add(parser: argparse.ArgumentParser, title: str, defaults, skip: tuple[str,
         else:
             kind = _TYPES[f.type]
             group.add_argument(flag, dest=f.name, type=kind, default=default,
-                               metavar=kind.__name__.upper(),
+                               metavar="ID=BIAS,..." if kind is logit_bias else kind.__name__.upper(),
                                help=f.metadata["help"] + " (default: %(default)s)")
 
 
@@ -50,7 +60,7 @@ def add_draft_options(parser: argparse.ArgumentParser, defaults: DraftConfig | N
 
 def add_sampling_options(parser: argparse.ArgumentParser,
                          defaults: SamplingParams | None = None) -> None:
-    """--temperature, --top-k, --top-p, --min-p, --seed."""
+    """--temperature, --top-k, --top-p, --min-p, --seed, --logit-bias."""
     _add(parser, "sampling settings", defaults or SamplingParams(), ())
 
 

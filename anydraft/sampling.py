@@ -2,14 +2,19 @@
 
 Losslessness is always stated against `SamplingParams.probs(target_logits)`: every method
 forms its distributions with this one function, so "the target's processed distribution" means
-the same thing everywhere. Order of the transform: temperature, top-k, top-p, min-p.
+the same thing everywhere. Order of the transform: logit bias, temperature, top-k, top-p,
+min-p. The logit bias is keyed by TARGET token ids: a drafter of another vocabulary drafts
+with it translated (methods/pairing.py `Pairing.drafter_params`), or without it, which costs
+acceptance but never exactness, since every verifier forms p from the target's logits here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .config import is_int, is_number
@@ -19,6 +24,11 @@ if TYPE_CHECKING:  # torch is imported where it is used: `anydraft --help` needs
     import torch
 
 MAX_SEED = 2**63 - 1  # a signed 64-bit integer, as OpenAI's API has it
+MAX_BIAS = 100  # |logit bias|: OpenAI's range; -100 bans a token, +100 all but forces it
+# entries of a logit bias: each is added to every distribution formed, drafts included, and
+# OpenAI's own API takes a few hundred; this bounds the work a request can ask for
+MAX_BIASED_TOKENS = 1024
+MAX_TOP_LOGPROBS = 20  # alternatives per token a generation reports (`logprobs`): OpenAI's cap
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,10 @@ class SamplingParams:
         "help": "drop tokens below p times the top probability, in [0, 1); 0: off"})
     seed: int | None = field(default=None, metadata={
         "help": "random seed; None: a fresh one per generation"})
+    # ((target token id, bias), ...) sorted by id; a mapping {id: bias} is taken too
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata={
+        "help": "add BIAS to the logit of target token ID before sampling, "
+                f"as ID=BIAS,ID=BIAS; BIAS in [-{MAX_BIAS}, {MAX_BIAS}]"})
 
     def __post_init__(self):
         def bad(msg):
@@ -55,10 +69,57 @@ class SamplingParams:
             bad(f"min_p must be in [0, 1) (0 = off), got {self.min_p}")
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             bad(f"seed must be an integer in 0..2**63-1 or None, got {self.seed!r}")
+        bias = self.logit_bias
+        pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
+        if not isinstance(pairs, (list, tuple)) or not all(
+                isinstance(kv, (list, tuple)) and len(kv) == 2 for kv in pairs):
+            bad(f"logit_bias must map token ids to biases, got {bias!r}")
+        if len(pairs) > MAX_BIASED_TOKENS:
+            bad(f"logit_bias may bias at most {MAX_BIASED_TOKENS} tokens, got {len(pairs)}")
+        for token, value in pairs:
+            if not is_int(token) or token < 0:
+                bad(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not is_number(value) or abs(value) > MAX_BIAS:
+                bad(f"logit_bias of token {token} must be a number in [-{MAX_BIAS}, {MAX_BIAS}], "
+                    f"got {value!r}")
+        if len({token for token, _ in pairs}) < len(pairs):
+            bad("logit_bias names a token id twice: give each id once")
+        # a frozen value object: a sorted tuple compares and hashes as settings should
+        object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in pairs)))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def check_vocabulary(self, width: int) -> None:
+        """Raise `AnydraftError` unless every biased id is one of the target's ``width``
+        logits (the transform itself skips ids past a narrower drafter's logits)."""
+        outside = [t for t, _ in self.logit_bias if t >= width]
+        if outside:
+            raise AnydraftError(f"invalid sampling settings: logit_bias names token id {outside[0]}, "
+                                f"but the model has ids 0..{width - 1}: use ids of its tokenizer")
+
+    def biased(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus the logit bias over the last dimension (ids past it skipped)."""
+        if not self.logit_bias:
+            return logits
+        import torch
+
+        width = logits.shape[-1]
+        ids = torch.tensor([t for t, _ in self.logit_bias if t < width], dtype=torch.long)
+        values = torch.tensor([v for t, v in self.logit_bias if t < width], dtype=logits.dtype)
+        logits = logits.clone()
+        logits[..., ids] += values
+        return logits
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The settings of completion ``index`` of several of one prompt (OpenAI's ``n``):
+        completion 0 keeps the seed, each other gets a distinct one derived from it, so every
+        completion is its own reproducible stream (unseeded, each draws a fresh seed anyway)."""
+        if index == 0 or self.seed is None:
+            return self
+        digest = hashlib.sha256(f"{self.seed}:{index}".encode()).digest()
+        return replace(self, seed=int.from_bytes(digest[:8], "little") >> 1)
 
     def generator(self) -> torch.Generator:
         """A fresh generator: seeded runs are reproducible, unseeded ones are not."""
@@ -75,8 +136,7 @@ class SamplingParams:
         """
         import torch
 
-        if logits.dtype != torch.float64:  # float64 stays: exhaustive tests compare to 1e-9
-            logits = logits.float()
+        logits = self._processed_logits(logits)
         if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
         # the top logit is moved to 0 first, so dividing by a tiny temperature cannot overflow
@@ -101,10 +161,27 @@ class SamplingParams:
             probs = probs.masked_fill(probs < threshold, 0.0)
         return probs / probs.sum(dim=-1, keepdim=True)
 
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-probabilities a generation reports for its tokens (OpenAI's ``logprobs``):
+        those of `probs`, what each token was sampled from (-inf where truncated away). Greedy
+        decoding's is a one-hot, which says nothing: it reports the model's own distribution
+        with the logit bias (temperature 1, nothing cut), as OpenAI does at temperature 0."""
+        import torch
+
+        if self.greedy:
+            return torch.log_softmax(self._processed_logits(logits), dim=-1)
+        return torch.log(self.probs(logits))
+
+    def _processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 (float64 stays: exhaustive tests compare to 1e-9) logits with the bias."""
+        import torch
+
+        return self.biased(logits if logits.dtype == torch.float64 else logits.float())
+
     def choose(self, logits: torch.Tensor, generator: torch.Generator) -> int:
         """The target's own choice for one position: argmax, or a sample of `probs`."""
         if self.greedy:
-            return int(logits.argmax(-1))
+            return int((self._processed_logits(logits) if self.logit_bias else logits).argmax(-1))
         return sample(self.probs(logits), generator)
 
 

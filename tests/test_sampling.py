@@ -83,3 +83,42 @@ def test_masked_logits_stay_impossible_at_any_temperature():
         p = SamplingParams(temperature=temperature).probs(logits)
         assert p[0] == 0 and p[3] == 0 and torch.isfinite(p).all()
         assert float(p.sum()) == pytest.approx(1.0)
+
+
+def test_logit_bias_is_added_to_the_logits_first():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    params = SamplingParams(temperature=1.0, logit_bias={2: math.log(2.0)})
+    torch.testing.assert_close(params.probs(logits), torch.tensor([0.4, 0.2, 0.4]))
+    # then the temperature: t=0.5 squares the biased probabilities
+    params = SamplingParams(temperature=0.5, logit_bias={2: math.log(2.0)})
+    torch.testing.assert_close(params.probs(logits), torch.tensor([4 / 9, 1 / 9, 4 / 9]))
+    # greedy takes the argmax of the biased logits; -100 bans a token
+    greedy = SamplingParams(logit_bias={0: -100})
+    assert greedy.choose(logits, None) == 1 and greedy.probs(logits).tolist() == [0, 1, 0]
+    # ids past the logits (a narrower drafter's) are skipped; the logits are left as they were
+    assert SamplingParams(logit_bias={7: 5.0}).biased(logits).tolist() == logits.tolist()
+
+
+def test_logit_bias_is_a_sorted_hashable_value():
+    a = SamplingParams(logit_bias={5: 1, 2: -3.5})
+    assert a.logit_bias == ((2, -3.5), (5, 1.0))
+    assert a == SamplingParams(logit_bias=[(2, -3.5), (5, 1.0)]) and hash(a) == hash(
+        SamplingParams(logit_bias=((5, 1.0), (2, -3.5))))
+
+
+@pytest.mark.parametrize("bias, fix", [
+    ({1: 100.5}, "[-100, 100]"), ({1: math.nan}, "[-100, 100]"), ({1: math.inf}, "[-100, 100]"),
+    ({-1: 1.0}, "token ids"), ({"7": 1.0}, "token ids"), ({True: 1.0}, "token ids"),
+    ({1: "1"}, "[-100, 100]"), ([(1, 2.0), (1, 3.0)], "twice"), ("1=2", "map token ids"),
+    (dict.fromkeys(range(2000), 1.0), "at most 1024"),
+])
+def test_a_bad_logit_bias_is_rejected_naming_the_fix(bias, fix):
+    with pytest.raises(AnydraftError, match="logit_bias") as err:
+        SamplingParams(logit_bias=bias)
+    assert fix in str(err.value)
+
+
+def test_logit_bias_ids_must_be_the_models():
+    SamplingParams(logit_bias={9: 1.0}).check_vocabulary(10)
+    with pytest.raises(AnydraftError, match=r"token id 10, but the model has ids 0\.\.9"):
+        SamplingParams(logit_bias={10: 1.0}).check_vocabulary(10)

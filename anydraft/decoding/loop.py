@@ -19,6 +19,7 @@ import torch
 from ..hardware.profile import MIN_READ
 from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
 from ..sampling import SamplingParams
+from .logprobs import TokenLogprob
 from .stats import Stats
 from .step import step
 from .text import TextAssembler
@@ -37,6 +38,9 @@ class DecodeState:
     # asked between prompt chunks, the drafter's too (set by the loop; None: nothing cancels)
     cancel: Callable[[], str | None] | None = None
     drafter_rows: object = None  # the drafter's BatchSession to take a row of (None: a session)
+    # alternatives per token whose log-probabilities each step reports (None: none are)
+    top_logprobs: int | None = None
+    step_logprobs: list[TokenLogprob] = field(default_factory=list)  # of the last step's tokens
 
     @property
     def pending(self) -> list[int]:
@@ -75,6 +79,7 @@ class GenerationOutput:
     token_ids: list[int]  # new tokens only (an EOS that ended generation is included)
     finish_reason: str  # "length" | "eos" | "stop" | "context", or what ``cancel`` said
     stats: dict = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, where they were asked for
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Piece:
     # every step since the last piece: its proposer ("draft", "copy", "plain"), the candidates
     # it offered, how many of them were kept, the tokens it committed, its seconds
     steps: list[dict] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # its tokens', where asked for
 
 
 @dataclass
@@ -128,6 +134,8 @@ class Generation:
         self._drafted = 0  # the state's drafted count before the step `ready` allowed
         self._start = self._stepped = time.perf_counter()
         self._steps: list[dict] = []  # steps not yet handed out by `piece`
+        self.logprobs: list[TokenLogprob] = []  # of every kept token, where asked for
+        self._logprobs_out = 0  # of them handed out by `piece`
 
     def start(self, chunks: int | None = None) -> bool:
         """Read the prompt and start the method; whether it started. The prompt is read in
@@ -195,6 +203,8 @@ class Generation:
                 self.finish.reason = "stop"
                 break
         self.state.committed.extend(kept)
+        if self.state.top_logprobs is not None:
+            self.logprobs += self.state.step_logprobs[: len(kept)]
         self.generated += len(kept)
         stats.accepted += min(n_accepted, len(kept))
         if offered:  # per draft position, as vLLM's spec-decode metrics count them
@@ -245,7 +255,8 @@ class Generation:
         if not spans and not self.done:
             return Piece()
         steps, self._steps = self._steps, []
-        return Piece("".join(text for text, _ in spans), spans, steps)
+        logprobs, self._logprobs_out = self.logprobs[self._logprobs_out:], len(self.logprobs)
+        return Piece("".join(text for text, _ in spans), spans, steps, logprobs)
 
     def result(self) -> tuple[str, GenerationOutput]:
         """Once done: the text not yet handed out by `delta`, and the whole output; raises
@@ -254,8 +265,9 @@ class Generation:
             raise self.error
         text = self.text.finish()
         tail = self.text.delta(final=True)
-        return tail, GenerationOutput(text, self.state.committed[self.prompt_tokens:],
-                                      self.finish.reason, self.state.stats.as_dict())
+        return tail, GenerationOutput(
+            text, self.state.committed[self.prompt_tokens:], self.finish.reason,
+            self.state.stats.as_dict(), None if self.state.top_logprobs is None else self.logprobs)
 
 
 class Batch:

@@ -40,6 +40,7 @@ from ..methods.policy import PROBE_READ, Measured, allocate, read_size
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
 from ..models.session import PREFILL_CHUNK
+from .logprobs import token_logprobs
 
 # observations of a pair's first draft position before more than one row of a call drafts
 # on them (`_confirm`)
@@ -118,6 +119,8 @@ def _finish(row: Row, choice, mark: tuple, proposal: Proposal, proposing: float,
         read = row.drafter.caught_up if row.drafter is not None else 0
     row.policy.observe(choice, _measured(row, mark, wall, len(candidates), n, read, *call))
     new = candidates[:n] + [token]
+    if state.top_logprobs is not None:  # asked for: read off the verifying call's own logits
+        state.step_logprobs = token_logprobs(state.params, scores, new, state.top_logprobs)
     row.proposed = choice.proposer
     if row.drafter is not None:
         row.drafter.commit(new, n if choice.proposer == "draft" else 0)

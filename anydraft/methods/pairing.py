@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..bridge import same_tokenizer, token_table
 from ..bridge.intersection import intersect
@@ -16,6 +16,9 @@ from .policy import Estimates, Policy, best
 from .row import Row
 from .verify import Proposal
 
+# drafter settings kept for the biased settings of recent generations (`drafter_params`): a
+# server's requests with the same bias share them; more than this many biases start afresh
+DRAFTER_PARAMS_KEPT = 64
 TRIAL_STEPS = 24  # drafting steps of each candidate method before `fastest` compares them
 
 
@@ -61,6 +64,29 @@ class Pairing:
         generation; None when the target has none (a drafted EOS is then not proposed)."""
         table = self.target_table
         return table.eos_id if table.eos_id is not None else min(table.eos_ids, default=None)
+
+    @functools.cached_property
+    def _drafter_params(self) -> dict:
+        return {}  # a generation's settings -> its drafter's (`drafter_params`, asked every step)
+
+    def drafter_params(self, params):
+        """The sampling settings a drafter of another vocabulary drafts with: the target's,
+        with the logit bias (keyed by target ids) moved to the drafter ids that spell the same
+        tokens (`intersection`); a biased token the drafter cannot spell alike is drafted
+        unbiased. Any proposal keeps a method exact, since every verifier forms p from the
+        target's own logits (`SamplingParams.probs`); carrying the bias only spares drafts the
+        target would reject (a token banned with -100, drafted again and again)."""
+        if not params.logit_bias:
+            return params
+        cache = self._drafter_params
+        if params not in cache:
+            if len(cache) >= DRAFTER_PARAMS_KEPT:
+                cache.clear()
+            to_drafter = self.intersection.target_to_drafter
+            cache[params] = replace(params, logit_bias=[
+                (int(to_drafter[t]), v) for t, v in params.logit_bias
+                if t < len(to_drafter) and to_drafter[t] >= 0])
+        return cache[params]
 
     def scorable(self, candidates: list[int]) -> list[int]:
         """``candidates`` up to the first id the target has no logits row for (a tokenizer

@@ -2,6 +2,10 @@
 
 Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023);
 Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
+
+A logit bias (keyed by target ids, which are the drafter's too) is part of the one transform
+on both sides: the drafter draws from q with it, the verifier judges against p with it, and
+speculative sampling emits exactly p, as without one.
 """
 
 from __future__ import annotations

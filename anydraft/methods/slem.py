@@ -5,6 +5,9 @@ Heterogeneous Vocabularies" (ICML 2025), Algorithm "SLEM". The drafter drafts in
 vocabulary; the drafted text is re-tokenized for the target (bridge.continue_tokens) and each
 candidate survives only if it equals the target's own choice at its position (argmax, or the
 target's own sample), which makes the method lossless for greedy decoding and sampling alike.
+The target's choice is made from its logits with the logit bias (`SamplingParams.choose`); what
+the drafter drafted from (the bias moved to its own ids, `Pairing.drafter_params`) never
+enters the verification, so a bias leaves it exact.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ class StringLevelExactMatch(DrafterMethod):
     name = "slem"
 
     def draft_args(self, state) -> tuple:
-        params = state.params
+        params = self.pairing.drafter_params(state.params)
         return (params.probs, params.greedy, state.generator, self.pairing.confidence,
                 self.pairing.drafter_table.eos_ids)
 

@@ -45,6 +45,9 @@ p_i. Two details keep it exact:
   target's next distribution is unknown and the step stops (still exact).
 When the drafted string runs out inside token i, the rest of the token is drawn from p_i
 restricted to tokens starting with the accepted bytes: plain target sampling.
+A logit bias (target ids) is in every p_i (`SamplingParams.probs` of the target's logits);
+the q_j are whatever the drafter drew from (its own ids' share of the bias,
+`Pairing.drafter_params`), and the argument holds for any q_j.
 
 Greedy decoding degrades to exact match (`slem`). Correctness is proven by exhaustive
 enumeration in tests/methods/test_exhaustive.py.

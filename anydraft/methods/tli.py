@@ -3,6 +3,9 @@
 Timor et al. (ICML 2025), Algorithm "TLI". The drafter's distribution is restricted to the
 tokens both vocabularies spell identically and renormalised; that restricted distribution is
 the true proposal, so plain speculative sampling over the target's vocabulary is exact.
+A logit bias, keyed by target ids, is in p (`SamplingParams.probs` of the target's logits);
+the drafter drafts with it moved to the ids it spells alike (`Pairing.drafter_params`), and q'
+stays the distribution each draft was drawn from: exact with any bias, as without.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class TokenLevelIntersection(DrafterMethod):
         return to_probs
 
     def draft_args(self, state) -> tuple:
-        params = state.params
+        params = self.pairing.drafter_params(state.params)
         return (self._restricted(params), params.greedy, state.generator, self.pairing.confidence,
                 self.pairing.drafter_table.eos_ids)
 

@@ -68,6 +68,9 @@ PLAYGROUND_HEADERS = {
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache"}
+# a log-probability JSON cannot carry (-inf: a token the sampling settings ruled out), as
+# vLLM spells it
+LOGPROB_FLOOR = -9999.0
 OPENAI_SAMPLING = SamplingParams(temperature=1.0)  # what a request leaves out (OpenAI's defaults)
 
 
@@ -244,14 +247,37 @@ async def parse_body(request: Request, model_cls, max_bytes: int, timeout: float
         raise _validation_error(exc) from None
 
 
-def sampling_of(req) -> SamplingParams:
-    """The request's sampling settings, validated by `SamplingParams` (400 naming the field)."""
+def sampling_of(req, vocabulary: int) -> SamplingParams:
+    """The request's sampling settings, validated by `SamplingParams` (400 naming the field),
+    its logit bias against the model's ``vocabulary`` (logits width)."""
     try:
-        return override(OPENAI_SAMPLING, **req.sampling_fields)
+        params = override(OPENAI_SAMPLING, **req.sampling_fields)
+        params.check_vocabulary(vocabulary)
+        return params
     except AnydraftError as exc:  # "invalid sampling settings: top_p must be ..."
         field = str(exc).partition(": ")[2].split(" ", 1)[0]
         param = field if field in {f.name for f in fields(SamplingParams)} else None
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+
+
+class _Tagged:
+    """A request's event queue as one of its jobs sees it: each event tagged with the job's
+    choice index (the ``n`` completions of one request share one queue)."""
+
+    def __init__(self, queue: asyncio.Queue, index: int):
+        self.queue, self.index = queue, index
+
+    def put_nowait(self, event: tuple) -> None:
+        self.queue.put_nowait((self.index, *event))
+
+
+@dataclass(eq=False)
+class Choices:
+    """One request's jobs, one per completion (``n``), and the events they share."""
+
+    jobs: list[Job]
+    events: asyncio.Queue
+    checked_at: float = 0.0  # loop time of the handler's last check that the client is there
 
 
 def _user_error(exc: BaseException, prompt_param: str | None = None) -> ApiError:
@@ -366,6 +392,8 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                               config.head_timeout, config.trusted_proxies)
     dec0 = decoders[0]
     ctx = dec0.target.context_window
+    vocabulary = dec0.target.logits_width
+    table, tokenizer = dec0.table, dec0.target.tokenizer  # logprobs' tokens as text
     page = PLAYGROUND.read_text(encoding="utf-8")
     script = PLAYGROUND_SCRIPT.read_text(encoding="utf-8")
     created = int(time.time())
@@ -425,20 +453,21 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type"])
 
     # -- helpers ---------------------------------------------------------------------------
-    async def next_event(request: Request, job: Job, deadline: float | None = None):
-        """The job's next event; raises `ClientGone` once the client has disconnected
-        (checked at least every `DISCONNECT_POLL` s, whether or not events keep coming), and
-        `TimeoutError` once the perf_counter time ``deadline`` has passed."""
+    async def next_event(request: Request, choices: Choices, deadline: float | None = None):
+        """The next ``(choice index, kind, payload)`` of the request's jobs; raises
+        `ClientGone` once the client has disconnected (checked at least every
+        `DISCONNECT_POLL` s, whether or not events keep coming), and `TimeoutError` once the
+        perf_counter time ``deadline`` has passed."""
         loop = asyncio.get_running_loop()
         while True:
             if deadline is not None and time.perf_counter() >= deadline:
                 raise TimeoutError()
-            if loop.time() - job.checked_at >= DISCONNECT_POLL:
-                job.checked_at = loop.time()
+            if loop.time() - choices.checked_at >= DISCONNECT_POLL:
+                choices.checked_at = loop.time()
                 if await request.is_disconnected():
                     raise ClientGone()
             try:
-                return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL)
+                return await asyncio.wait_for(choices.events.get(), timeout=DISCONNECT_POLL)
             except TimeoutError:
                 pass
 
@@ -452,35 +481,55 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             raise ApiError(400, f"max_tokens is {max_tokens} but the model's context window is "
                                 f"{ctx} tokens: ask for fewer", param="max_tokens",
                            code="context_length_exceeded")
+        if req.choices > scheduler.most_at_once:
+            raise ApiError(400, f"n is {req.choices}, but this server runs or queues at most "
+                                f"{scheduler.most_at_once} completions of one request: ask for "
+                                "fewer", param="n", code="invalid_value")
         return max_tokens
 
-    async def run(request: Request, req, chat: bool):
-        """Queue the generation and wait for it to start; returns the job (or raises ApiError)."""
+    def end(choices: Choices, finished: list, failed: int | None = None) -> None:
+        """The response ended before every choice finished (``failed``: the one that failed,
+        if one did): stop the others and count them."""
+        for i, job in enumerate(choices.jobs):
+            if not finished[i]:
+                scheduler.cancel(job)
+                metrics.generations.labels("error" if i == failed else "cancelled").inc()
+
+    async def run(request: Request, req, chat: bool) -> Choices:
+        """Queue the request's generations (``n``, one job each) and wait for one to start;
+        returns them (or raises ApiError)."""
         max_tokens = check_request(req)
         if max_tokens is None:
             max_tokens = min(config.default_max_tokens if chat else 16, ctx)
         prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
         prompt_param = "messages" if chat else "prompt"
-        kwargs = dict(max_new_tokens=max_tokens, sampling=sampling_of(req), chat=chat,
-                      stop=req.stop_list, method=req.anydraft_method,
-                      special_in_content=config.allow_special_in_content)
+        sampling = sampling_of(req, vocabulary)
+        kwargs = dict(max_new_tokens=max_tokens, chat=chat, stop=req.stop_list,
+                      method=req.anydraft_method, special_in_content=config.allow_special_in_content,
+                      logprobs=req.top_alternatives)
 
-        def start(decoder, rows, job: Job):  # what fails here is the request's fault
-            generation = decoder.start(prompt, rows=rows, cancel=job.stop_reason, **kwargs)
-            limit = config.max_prompt_tokens
-            if limit is not None and generation.prompt_tokens > limit:
-                generation.leave()
-                raise ApiError(400, f"prompt has {generation.prompt_tokens} tokens; this server "
-                                    f"takes at most {limit}: shorten it", param=prompt_param,
-                               code="context_length_exceeded")
-            return generation
+        def starter(params: SamplingParams):
+            def start(decoder, rows, job: Job):  # what fails here is the request's fault
+                generation = decoder.start(prompt, rows=rows, cancel=job.stop_reason,
+                                           sampling=params, **kwargs)
+                limit = config.max_prompt_tokens
+                if limit is not None and generation.prompt_tokens > limit:
+                    generation.leave()
+                    raise ApiError(400, f"prompt has {generation.prompt_tokens} tokens; this "
+                                        f"server takes at most {limit}: shorten it",
+                                   param=prompt_param, code="context_length_exceeded")
+                return generation
+            return start
 
         client = client_of(request.scope, config.trusted_proxies)
         arrived = request.scope.get("state", {}).get("arrived", time.perf_counter())
         deadline = arrived + config.request_timeout if config.request_timeout else None
-        job = Job(start, asyncio.get_running_loop(), client=client, deadline=deadline)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        choices = Choices([Job(starter(sampling.for_choice(i)), loop, client=client,
+                               deadline=deadline, events=_Tagged(events, i))
+                           for i in range(req.choices)], events)
         try:
-            scheduler.submit(job)
+            scheduler.submit(*choices.jobs)
         except QueueFull as exc:
             if exc.per_client:
                 raise ApiError(429, f"{exc}: you already have {scheduler.max_per_client} requests "
@@ -492,10 +541,15 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                            headers={"Retry-After": str(exc.retry_after)}) from None
         except SchedulerClosed as exc:
             raise _user_error(exc) from None
+        # the choices start alike (one prompt, one set of settings): the first to start or
+        # fail tells whether the request was good
         try:
-            kind, payload = await next_event(request, job, deadline)
+            index, kind, payload = await next_event(request, choices, deadline)
+            if kind == "error":
+                raise _user_error(payload, prompt_param)
         except BaseException as exc:
-            scheduler.cancel(job)
+            for job in choices.jobs:  # the others, still queued or running
+                scheduler.cancel(job)
             if isinstance(exc, ClientGone):  # gave up while queued or starting
                 metrics.generations.labels("cancelled").inc()
             if isinstance(exc, TimeoutError):
@@ -505,11 +559,10 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                                type="server_error", code="timeout",
                                headers={"Retry-After": "5"}) from None
             raise
-        if kind == "error":
-            raise _user_error(payload, prompt_param)
         assert kind == "started", kind
+        job = choices.jobs[index]
         metrics.queue_wait.observe((job.started_at or time.perf_counter()) - job.enqueued_at)
-        return job
+        return choices
 
     def finish(request: Request, out) -> tuple[str, dict, dict]:
         stats = dict(out.stats)
@@ -517,9 +570,44 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
         metrics.record_generation(stats, out.finish_reason)
         stats["finish_reason"] = out.finish_reason
         usage = {"prompt_tokens": stats.get("prompt_tokens", 0),
-                 "completion_tokens": stats.get("new_tokens", len(out.token_ids)),
-                 "total_tokens": stats.get("prompt_tokens", 0) + stats.get("new_tokens", 0)}
+                 "completion_tokens": stats.get("new_tokens", len(out.token_ids))}
         return reason, usage, stats
+
+    def total_usage(usages: list[dict]) -> dict:
+        """One request's usage: its prompt once, every choice's completion."""
+        prompt = usages[0]["prompt_tokens"]
+        completion = sum(u["completion_tokens"] for u in usages)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    def logprobs_json(entries: list, chat: bool, offset: int = 0) -> tuple[dict, int]:
+        """``entries`` (`TokenLogprob`s) as OpenAI writes a choice's ``logprobs``: chat's
+        ``content`` list, or completions' parallel lists (``text_offset`` counted from
+        ``offset`` characters); and the offset after them."""
+        def token(t: int) -> tuple[str, list[int]]:
+            special = t >= len(table.token_bytes) or t in table.special_ids
+            spelt = (tokenizer.convert_ids_to_tokens(t) or "").encode() if special else table.token_bytes[t]
+            return spelt.decode("utf-8", errors="replace"), list(spelt)
+
+        def logprob(value: float) -> float:
+            return max(value, LOGPROB_FLOOR)
+
+        if chat:
+            def entry(t: int, value: float, **more) -> dict:
+                text, spelt = token(t)
+                return {"token": text, "logprob": logprob(value), "bytes": spelt, **more}
+
+            content = [entry(e.token, e.logprob, top_logprobs=[entry(t, v) for t, v in e.top])
+                       for e in entries]
+            return {"content": content, "refusal": None}, offset
+        texts, starts = [token(e.token) for e in entries], []
+        for text, _ in texts:
+            starts.append(offset)
+            offset += len(text)
+        return {"tokens": [text for text, _ in texts],
+                "token_logprobs": [logprob(e.logprob) for e in entries],
+                "top_logprobs": [{token(t)[0]: logprob(v) for t, v in e.top} for e in entries],
+                "text_offset": starts}, offset
 
     def first_token(request: Request):
         arrived = request.scope.get("state", {}).get("arrived")
@@ -527,104 +615,118 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
             metrics.ttft.observe(time.perf_counter() - arrived)
 
     async def complete(request: Request, req, chat: bool):
-        job = await run(request, req, chat)
+        choices = await run(request, req, chat)
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         now = int(time.time())
         if req.stream:
             return StreamingResponse(
-                sse(request, req, job, chat, cid, now), media_type="text/event-stream",
+                sse(request, req, choices, chat, cid, now), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        parts, done, failed = [], False, False
+        n = len(choices.jobs)
+        parts, outputs, failed = [[] for _ in range(n)], [None] * n, None
         try:
-            while True:
-                kind, payload = await next_event(request, job)
-                if kind == "delta":
-                    if not parts and payload.text:
+            while None in outputs:
+                index, kind, payload = await next_event(request, choices)
+                if kind == "delta" and payload.text:
+                    if not any(parts):
                         first_token(request)
-                    if payload.text:
-                        parts.append(payload.text)
+                    parts[index].append(payload.text)
                 elif kind == "done":
-                    done = True
-                    break
+                    outputs[index] = payload
                 elif kind == "cancelled":
                     raise ClientGone()
-                else:
-                    failed = True
+                elif kind == "error":
+                    failed = index
                     raise _user_error(payload)
         finally:
-            if not done:
-                scheduler.cancel(job)
-                metrics.generations.labels("error" if failed else "cancelled").inc()
-        reason, usage, stats = finish(request, payload)
-        text = "".join(parts)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            end(choices, outputs, failed)
+        body, usages, all_stats = [], [], []
+        for index, out in enumerate(outputs):
+            reason, usage, stats = finish(request, out)
+            usages.append(usage)
+            all_stats.append(stats)
+            text = "".join(parts[index])
+            logprobs = None if out.logprobs is None else logprobs_json(out.logprobs, chat)[0]
+            if chat:
+                body.append({"index": index, "message": {"role": "assistant", "content": text},
+                             "logprobs": logprobs, "finish_reason": reason})
+            else:
+                body.append({"index": index, "text": text, "logprobs": logprobs,
+                             "finish_reason": reason})
         return {"id": cid, "object": "chat.completion" if chat else "text_completion",
                 "created": now, "model": config.model_id, "system_fingerprint": None,
-                "choices": [choice], "usage": usage, "anydraft": stats}
+                "choices": body, "usage": total_usage(usages),
+                "anydraft": all_stats[0] if n == 1 else {"choices": all_stats}}
 
-    async def sse(request: Request, req, job: Job, chat: bool, cid: str, now: int):
+    async def sse(request: Request, req, choices: Choices, chat: bool, cid: str, now: int):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(piece: str | None, reason=None, **extra) -> str:
+        n = len(choices.jobs)
+        offsets = [0] * n  # per choice: characters its tokens' logprobs spelt so far
+
+        def chunk(index: int, piece: str | None, reason=None, tokens=(), **extra) -> str:
+            logprobs = None
+            if tokens:  # log-probabilities of the piece's tokens
+                logprobs, offsets[index] = logprobs_json(tokens, chat, offsets[index])
             if chat:
                 delta = {} if piece is None else {"content": piece}
                 if extra.pop("role", False):
                     delta["role"] = "assistant"
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": reason}
+                choice = {"index": index, "text": piece or "", "logprobs": logprobs,
+                          "finish_reason": reason}
             body = {"id": cid, "object": obj, "created": now, "model": config.model_id,
                     "system_fingerprint": None, "choices": [choice], **extra}
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-        done, first, steps = False, True, []
+        usages, failed, first = [None] * n, None, True
+        steps = [[] for _ in range(n)]  # per choice: the last steps that showed no text
+        tokens = [[] for _ in range(n)]  # and their tokens' log-probabilities
+        ended = False  # the response ended as it should: every choice done, or an error sent
         try:
             if chat:
-                yield chunk("", role=True)
-            while True:
-                kind, payload = await next_event(request, job)
-                if kind == "delta" and not payload.text:  # last steps that showed no text
-                    steps += payload.steps
+                for index in range(n):
+                    yield chunk(index, "", role=True)
+            while None in usages:
+                index, kind, payload = await next_event(request, choices)
+                if kind == "delta" and not payload.text:
+                    steps[index] += payload.steps
+                    tokens[index] += payload.logprobs
                 elif kind == "delta":
                     if first:
                         first_token(request)
                         first = False
                     spans = [{"text": text, "origin": origin} for text, origin in payload.spans]
-                    yield chunk(payload.text, anydraft={"spans": spans, "steps": payload.steps})
+                    yield chunk(index, payload.text, tokens=payload.logprobs,
+                                anydraft={"spans": spans, "steps": payload.steps})
                 elif kind == "done":
-                    done = True
-                    reason, usage, stats = finish(request, payload)
-                    extra = {"anydraft": {**stats, "steps": steps}}
-                    if not req.include_usage:  # the chunk the client sees last carries usage
-                        extra["usage"] = usage
-                    yield chunk(None, reason, **extra)
-                    if req.include_usage:
-                        body = {"id": cid, "object": obj, "created": now, "model": config.model_id,
-                                "choices": [], "usage": usage}
-                        yield f"data: {json.dumps(body)}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
+                    reason, usages[index], stats = finish(request, payload)
+                    extra = {"anydraft": {**stats, "steps": steps[index]}}
+                    if None not in usages and not req.include_usage:
+                        extra["usage"] = total_usage(usages)  # on the chunk the client sees last
+                    yield chunk(index, None, reason, tokens=tokens[index], **extra)
                 elif kind == "cancelled":
                     return
-                else:
-                    done = True
-                    metrics.generations.labels("error").inc()
+                elif kind == "error":
+                    ended, failed = True, index
                     err = _user_error(payload)
                     metrics.errors.labels(err.type, err.code or "").inc()
                     yield f"data: {json.dumps(err.body())}\n\n"
                     yield "data: [DONE]\n\n"
                     return
+            ended = True
+            if req.include_usage:
+                body = {"id": cid, "object": obj, "created": now, "model": config.model_id,
+                        "choices": [], "usage": total_usage(usages)}
+                yield f"data: {json.dumps(body)}\n\n"
+            yield "data: [DONE]\n\n"
         except ClientGone:
-            return  # nobody to send to; the finally below frees the worker
+            return  # nobody to send to; the finally below frees the workers
         finally:
-            if not done:  # the client left (or the server is stopping): recorded as 499
+            if not ended:  # the client left (or the server is stopping): recorded as 499
                 request.scope.setdefault("state", {})["client_gone"] = True
-                scheduler.cancel(job)
-                metrics.generations.labels("cancelled").inc()
+            end(choices, usages, failed)
 
     # -- routes ----------------------------------------------------------------------------
     @app.post("/v1/chat/completions")

@@ -157,23 +157,31 @@ class Scheduler:
         for t in self._threads:
             t.join(timeout)
 
-    def submit(self, job: Job) -> None:
-        """Queue ``job`` or raise `QueueFull`: all workers busy and either ``max_queue`` jobs
-        waiting, or ``max_per_client`` of them from ``job.client``."""
+    @property
+    def most_at_once(self) -> int:
+        """The most jobs one `submit` can ever queue (on an idle server): the rows, or a
+        client's share of the waiting room if larger, within rows plus waiting room."""
+        return min(self.rows + self.max_queue, max(self.rows, self.max_per_client))
+
+    def submit(self, *jobs: Job) -> None:
+        """Queue ``jobs`` (one client's: the completions of one request) all, or none and raise
+        `QueueFull`: more than the free rows, and then either more than ``max_queue`` jobs
+        waiting, or more than ``max_per_client`` of them from their client."""
         with self._cond:
             if not self._taking:
                 raise SchedulerClosed("server is shutting down")
-            queued = len(self._queues.get(job.client, ()))
-            busy = self._waiting + self._active >= self.rows
-            full = self._waiting + self._active >= self.max_queue + self.rows
-            if full or (busy and queued >= self.max_per_client):
+            client, n = jobs[0].client, len(jobs)
+            queued = len(self._queues.get(client, ()))
+            busy = self._waiting + self._active + n > self.rows
+            full = self._waiting + self._active + n > self.max_queue + self.rows
+            if full or (busy and queued + n > self.max_per_client):
                 # jobs ahead of a retry, spread over the rows, at the mean job duration
-                ahead = (self._waiting + 1) / self.rows
+                ahead = (self._waiting + n) / self.rows
                 raise QueueFull(max(1, min(60, math.ceil(ahead * self._mean_seconds))),
                                 per_client=not full)
-            self._queues.setdefault(job.client, deque()).append(job)
-            self._waiting += 1
-            self._cond.notify()
+            self._queues.setdefault(client, deque()).extend(jobs)
+            self._waiting += n
+            self._cond.notify(n)
 
     def cancel(self, job: Job) -> None:
         """The client is gone: drop ``job`` from the queue, or stop it at its next delta."""

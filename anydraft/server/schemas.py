@@ -10,8 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..sampling import MAX_TOP_LOGPROBS
+
 MAX_TOKENS_CAP = 1_000_000  # a static sanity bound; the context window is checked per request
 MAX_STOP = 4
+# completions of one request (``n``): each is a generation of its own, a batch row while it
+# runs and a place in the queue while it waits, so one request may take at most this many
+MAX_N = 16
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, OpenAI's cap
 TOP_K_OFF = -1  # vLLM's spelling of "no top-k", which clients built for vLLM send
 
 
@@ -36,7 +42,7 @@ class _Sampling(_Strict):
     min_p: float | None = None  # extension
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = Field(None, ge=1, le=128)
+    n: int | None = Field(None, ge=1, le=MAX_N)
     stream: bool | None = None  # null: not streamed, as OpenAI's own server takes it
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -49,14 +55,14 @@ class _Sampling(_Strict):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n not in (None, 1):
-            raise ValueError("n: only n=1 is supported")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0):
                 raise ValueError(f"{name}: penalties are not supported (they would change the "
                                  "target distribution); leave it out or pass 0")
-        if self.logit_bias:
-            raise ValueError("logit_bias: not supported; leave it out")
+        for key in self.logit_bias or ():
+            if not key.isascii() or not key.isdigit():  # JSON keys are strings: "50256"
+                raise ValueError(f"logit_bias: keys must be token ids as decimal strings "
+                                 f"(e.g. {{\"50256\": -100}}), got {key!r}")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed with stream=true (as in vLLM)")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -72,8 +78,14 @@ class _Sampling(_Strict):
     def sampling_fields(self) -> dict:
         """The `SamplingParams` fields this request sets (None: not set)."""
         top_k = None if self.top_k == TOP_K_OFF else self.top_k
+        bias = None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
         return dict(temperature=self.temperature, top_p=self.top_p, top_k=top_k,
-                    min_p=self.min_p, seed=self.seed)
+                    min_p=self.min_p, seed=self.seed, logit_bias=bias)
+
+    @property
+    def choices(self) -> int:
+        """Completions asked for (``n``)."""
+        return self.n or 1
 
     @property
     def stop_list(self) -> list[str]:
@@ -116,7 +128,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1, max_length=4096)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list | None = None
     tool_choice: str | dict | None = None
     functions: list | None = None
@@ -125,8 +137,8 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _chat_supported(self):
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs: not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs=true, as in OpenAI's API")
         for name in ("tools", "functions"):
             if getattr(self, name):
                 raise ValueError(f"{name}: tool calling is not supported")
@@ -141,12 +153,17 @@ class ChatCompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def top_alternatives(self) -> int | None:
+        """Alternatives per token to report with its log-probability (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     echo: bool | None = None
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     best_of: int | None = None
 
     @model_validator(mode="after")
@@ -157,8 +174,6 @@ class CompletionRequest(_Sampling):
             raise ValueError("echo: not supported")
         if self.suffix:
             raise ValueError("suffix: not supported")
-        if self.logprobs is not None:
-            raise ValueError("logprobs: not supported")
         if self.best_of not in (None, 1):
             raise ValueError("best_of: only best_of=1 is supported")
         return self
@@ -170,3 +185,8 @@ class CompletionRequest(_Sampling):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def top_alternatives(self) -> int | None:
+        """Alternatives per token to report with its log-probability (None: no logprobs)."""
+        return self.logprobs

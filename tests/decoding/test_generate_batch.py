@@ -353,3 +353,27 @@ def test_a_row_that_fails_ends_alone_and_the_others_go_on(decoders, method):
     for i in (0, 2, 3):
         alone = decoder.generate(PROMPTS[i], 20, chat=False, sampling=params)
         assert generations[i].result()[1].token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_n_completions_of_each_prompt_are_rows_of_one_batch(decoders, method, monkeypatch):
+    """``n``: each prompt's completions decode together, completion j with its own seed
+    (`SamplingParams.for_choice`), each what `generate` gives alone with that seed, the
+    first with the request's; their log-probabilities as alone."""
+    from anydraft.sampling import SamplingParams
+
+    decoder = decoders[method]
+    calls = counted(decoder, monkeypatch)
+    params = SamplingParams(temperature=1.0, seed=11)
+    outs = decoder.generate_batch(PROMPTS[:2], 12, chat=False, sampling=params, n=3, logprobs=1)
+    assert len(outs) == 6 and calls[0] == [0, 1, 2, 3, 4, 5]
+    for i, out in enumerate(outs):
+        alone = decoder.generate(PROMPTS[i // 3], 12, chat=False, logprobs=1,
+                                 sampling=params.for_choice(i % 3))
+        assert out.token_ids == alone.token_ids
+        assert [e.token for e in out.logprobs] == out.token_ids
+        assert [e.logprob for e in out.logprobs] == pytest.approx([e.logprob for e in alone.logprobs], abs=1e-5)
+    assert outs[0].token_ids == decoder.generate(PROMPTS[0], 12, chat=False, sampling=params).token_ids
+    assert len({tuple(o.token_ids) for o in outs[:3]}) == 3  # distinct streams
+    with pytest.raises(AnydraftError, match="n must be a positive integer"):
+        decoder.generate_batch(PROMPTS, 5, n=0)

@@ -283,3 +283,32 @@ def test_the_richer_pair_is_exact(rich, method, case):
         max_new_tokens, stop)
     assert paths >= len(want)
     assert_same_distribution(got, want)
+
+
+# -- logit_bias: one more part of the sampling transform, on the target's ids ---------------
+# "b" (2) and "c" (3) are spelt alike by the drafter, so its drafts carry the bias (`Pairing.drafter_params`);
+# "ab" (4) and "abc" (5) are the target's alone: drafts of them go unbiased
+BIAS = {2: -3.0, 3: -6.0, 4: 2.5, 5: -1.0}
+
+
+@pytest.mark.parametrize("settings", [SETTINGS[1], SETTINGS[3], SETTINGS[4]], ids=str)
+@pytest.mark.parametrize("method", ["ar", "lookup", "sd", "slem", "tli", "slrs"])
+def test_a_logit_bias_keeps_every_method_exact(toys, method, settings):
+    """The target's law with the bias is what every method gives with it: the verifiers form
+    p through the one transform, whatever the drafter's distribution carried."""
+    p = params(**settings, logit_bias=BIAS)
+    want = toys.exact_target_distribution(PROMPT, p, MAX_NEW)
+    assert want != toys.exact_target_distribution(PROMPT, params(**settings), MAX_NEW)
+    got, paths = toys.method_distribution(toys.make(method), PROMPT, p, MAX_NEW)
+    assert paths >= len(want)
+    assert_same_distribution(got, want)
+
+
+def test_a_drafter_of_another_vocabulary_drafts_with_the_bias_of_its_own_ids(toys):
+    pairing = toys.pairing()
+    p = params(temperature=1.0, logit_bias=BIAS)
+    drafting = pairing.drafter_params(p)
+    byte_ids = toys.drafter_table.byte_ids
+    assert drafting.logit_bias == ((byte_ids[ord("b")], -3.0), (byte_ids[ord("c")], -6.0))
+    assert pairing.drafter_params(p) is drafting  # asked every step: kept
+    assert pairing.drafter_params(params(temperature=1.0)).logit_bias == ()

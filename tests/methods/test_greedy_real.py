@@ -137,3 +137,29 @@ def test_a_batch_of_prompts_is_identical_to_each_alone(real_model, exactness_dev
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == plain(dec, target, prompt).token_ids, (out.stats["method"], prompt[:60])
     assert sum(out.stats["drafted"] for out in outs) > 0
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_greedy_with_a_logit_bias_is_identical_to_plain_greedy_with_it(real_model, exactness_device):
+    """A bias that bans tokens of the plain output and favours another: every method, the
+    same-vocabulary drafter (sd) and drafters of another vocabulary (its drafts biased where
+    it spells a token alike), gives plain greedy decoding's output under the same bias."""
+    target, max_new = "smollm2-135m", 16
+    model = real_model(target, device=exactness_device)
+    drafters = {"sd": (target, "float32"), "slem": ("gemma3-270m", "bfloat16"),
+                "tli": ("gemma3-270m", "bfloat16")}
+    prompt = prompts_of(target)[0]
+    base = Decoder(target=model, tokenizer=load_tokenizer(target))
+    unbiased = base.generate(prompt, max_new_tokens=max_new, method="ar").token_ids
+    favoured = load_tokenizer(target).encode(" very")[0]
+    bias = {unbiased[0]: -100.0, unbiased[3]: -100.0, favoured: 4.0}
+    want = base.generate(prompt, max_new_tokens=max_new, method="ar", logit_bias=bias).token_ids
+    assert want != unbiased and unbiased[0] not in want
+    for method, (drafter, dtype) in drafters.items():
+        dec = Decoder(target=model, tokenizer=load_tokenizer(target),
+                      drafter=real_model(drafter, dtype, exactness_device),
+                      drafter_tokenizer=load_tokenizer(drafter), adaptive=False)
+        out = dec.generate(prompt, max_new_tokens=max_new, method=method, logit_bias=bias)
+        assert out.token_ids == want, method
+        assert out.stats["accepted"] > 0, method

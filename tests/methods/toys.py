@@ -149,6 +149,30 @@ class Toys:
                        lambda: ToySession(width, drafter_salt), [] if bos is None else [bos],
                        num_draft_tokens)
 
+    def make(self, method: str, num_draft_tokens: int = 2):
+        """A function making a fresh ``method`` ("ar", "lookup", "sd", "slem", "tli", "slrs")
+        on this pair; sd's drafter is another model with the target's own vocabulary."""
+        from anydraft.methods import (
+            SpeculativeSampling,
+            StringLevelExactMatch,
+            StringLevelRejectionSampling,
+            TokenLevelIntersection,
+        )
+        from anydraft.methods.ar import Autoregressive
+        from anydraft.methods.lookup import PromptLookup
+
+        pairing = self.pairing(num_draft_tokens)
+        if method == "sd":
+            width = len(self.target_table)
+            pairing = dataclasses.replace(
+                pairing, drafter_table=self.target_table, drafter_vocab_size=width,
+                new_drafter_session=lambda: ToySession(width, "drafter", scale=1.0))
+        if method in ("ar", "lookup"):
+            return {"ar": Autoregressive, "lookup": lambda: PromptLookup(num_draft_tokens, False)}[method]
+        cls = {"sd": SpeculativeSampling, "slem": StringLevelExactMatch, "tli": TokenLevelIntersection,
+               "slrs": StringLevelRejectionSampling}[method]
+        return lambda: cls(pairing)
+
     def target_session(self) -> ToySession:
         return ToySession(self.target_width, "target", max_length=self.context)
 

@@ -88,7 +88,8 @@ CORPUS = [
     ("seed beyond int64", 400, _chat(seed=2**64)),
     ("negative top_k", 400, _chat(top_k=-2)),  # -1 means off, as in vLLM
     ("min_p one", 400, _chat(min_p=1.0)),
-    ("n=2", 400, _chat(n=2)),
+    ("n above 16", 400, _chat(n=17)),
+    ("n zero", 400, _chat(n=0)),
     ("stream not bool", 400, _chat(stream="yes")),
     ("stream_options without stream", 400, _chat(stream_options={"include_usage": True})),
     ("tool_choice auto", 400, _chat(tool_choice="auto")),
@@ -98,7 +99,7 @@ CORPUS = [
     ("empty stop string", 400, _chat(stop=[""])),
     ("presence penalty", 400, _chat(presence_penalty=1.0)),
     ("tools", 400, _chat(tools=[{"type": "function", "function": {"name": "f"}}])),
-    ("logprobs", 400, _chat(logprobs=True)),
+    ("top_logprobs without logprobs", 400, _chat(top_logprobs=2)),
     # -- prompts the model cannot take
     ("prompt longer than context", 400, _chat(messages=[{"role": "user", "content": "hello " * (CONTEXT + 50)}])),
     ("completion prompt too long", 400, _json(COMP, {"model": MODEL_ID, "prompt": "hello " * (CONTEXT + 50)})),

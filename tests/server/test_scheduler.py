@@ -173,3 +173,31 @@ def test_a_failed_step_still_reports_what_ended_before_it():
         sched.close()
 
     asyncio.run(main())
+
+
+def test_the_completions_of_one_request_queue_all_or_none():
+    """``n`` jobs of one request (`Scheduler.submit(*jobs)`): all queue, or none and
+    `QueueFull`; a request asking for more than an idle server can ever hold is told how many
+    it may (`most_at_once`)."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        gate = threading.Event()
+        sched = Scheduler([object()], max_queue=4, max_per_client=3)
+        assert sched.most_at_once == 3  # one row, a client's share of 3 of the 4 places
+        sched.start()
+        first = job(lambda j: gate.wait(5), loop, client="a")
+        sched.submit(first)
+        while sched.active == 0:
+            await asyncio.sleep(0.01)
+        three = [job(lambda j: "x", loop, client="b") for _ in range(3)]
+        sched.submit(*three)
+        assert sched.waiting == 3
+        with pytest.raises(QueueFull):  # two more would pass the queue's 4
+            sched.submit(*[job(lambda j: "y", loop, client="c") for _ in range(2)])
+        assert sched.waiting == 3  # none of them queued
+        gate.set()
+        for j in three:
+            assert await outcome(j) == ("done", "x")
+        sched.close()
+
+    asyncio.run(main())

@@ -96,7 +96,7 @@ def _bad_requests(base: str) -> list:
         ("top_p 2", json_post({**chat_body(), "top_p": 2})),
         ("max_tokens 0", json_post({**chat_body(), "max_tokens": 0})),
         ("stop of ints", json_post({**chat_body(), "stop": [1, 2]})),
-        ("n 3", json_post({**chat_body(), "n": 3, "stream": True})),
+        ("n 17", json_post({**chat_body(), "n": 17, "stream": True})),
         ("stream_options without stream", json_post({**chat_body(),
                                                      "stream_options": {"include_usage": True}})),
         ("prompt beyond the context", json_post(
