@@ -56,6 +56,7 @@ def test_client_sends_token_ids_greedy_without_prompt_cache(fake):
     for flag, value in (("-m", "model.gguf"), ("-t", "2"), ("-tb", "2"), ("-c", "512"),
                         ("--parallel", "1"), ("--host", "127.0.0.1")):
         assert argv[argv.index(flag) + 1] == value, (flag, argv)
+    assert "--no-cache-prompt" in argv  # every request reads its prompt, as anydraft's do
     assert body["prompt"] == [5, 6, 7] and body["n_predict"] == 4
     assert body["temperature"] == 0 and body["top_k"] == 1
     assert body["cache_prompt"] is False and body["return_tokens"] is True
