@@ -29,9 +29,29 @@ from contextlib import contextmanager
 # seconds between two readings of the load (a reading costs ~50 us; loads come and go in seconds)
 READ_EVERY = 0.5
 # a core counts as taken once other processes used this share of one over the last reading: a
-# busy-spinning process takes ~1.0, a quiet machine's daemons a few hundredths. Low, because one
-# thread a model call waits for on a shared core costs more than one core fewer costs
-TAKEN_SHARE = 0.25
+# busy-spinning process takes ~1.0, a quiet machine's daemons a few hundredths. Low, because a
+# wrong guess costs far more one way: Qwen2.5-1.5B's one-token llama.cpp call on 2 threads took
+# 3x its time on one (295 against 100 ms, a median) on 2 cores that other work kept partly busy,
+# where a second free core would have saved at most half
+TAKEN_SHARE = 0.1
+
+
+def cpu_ticks(cpus: list[int] | None = None, stat: str = "/proc/stat") -> tuple[int, int, int]:
+    """(all CPU time, busy CPU time, this process's CPU time) in clock ticks: of the CPUs
+    ``cpus``, or of the whole machine (None). Raises OSError where there is no /proc."""
+    with open(stat) as f:
+        lines = f.read().splitlines()
+    wanted = {"cpu"} if cpus is None else {f"cpu{i}" for i in cpus}
+    total = busy = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            values = [int(v) for v in fields[1:]]
+            total += sum(values)
+            busy += sum(values) - values[3] - values[4]  # all but idle and iowait
+    with open("/proc/self/stat") as f:
+        own = f.read().rsplit(")", 1)[1].split()
+    return total, busy, int(own[11]) + int(own[12])  # utime + stime
 
 
 class Load:
@@ -51,20 +71,11 @@ class Load:
         """(wall seconds, busy core-seconds of our CPUs, this process's CPU seconds), or None
         where /proc/stat cannot be read."""
         try:
-            with open(self.stat) as f:
-                lines = f.read().splitlines()
+            _, busy, own = cpu_ticks(self.cpus, self.stat)
         except OSError:
             return None
-        ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        wanted, busy = {f"cpu{i}" for i in self.cpus}, 0
-        for line in lines:
-            fields = line.split()
-            if fields and fields[0] in wanted:
-                # user nice system idle iowait irq softirq steal: all but idle and iowait are busy
-                values = [int(v) for v in fields[1:9]]
-                busy += sum(values) - values[3] - values[4]
-        own = os.times()
-        return time.monotonic(), busy / ticks, own.user + own.system
+        ticks = os.sysconf("SC_CLK_TCK")
+        return time.monotonic(), busy / ticks, own / ticks
 
     def free_cores(self) -> int:
         """Cores of ours that other processes left free over the last reading (at least 1)."""

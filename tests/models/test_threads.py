@@ -7,47 +7,36 @@ import torch
 from anydraft.models import threads
 
 
-def stat_file(path, busy_ticks: list[int]):
-    """A /proc/stat whose cpuN lines have ``busy_ticks[N]`` user ticks and 1000 idle ones."""
-    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
-    lines += [f"cpu{i} {t} 0 0 1000 0 0 0 0 0 0" for i, t in enumerate(busy_ticks)]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def load_over(tmp_path, monkeypatch, cpus: int, other_ticks: list[int], own_seconds: float) -> int:
+def load_over(monkeypatch, cpus: int, other_ticks: list[int], own_seconds: float) -> int:
     """The free cores a `Load` reads when, over one second, the CPUs were busy for
-    ``other_ticks`` (each) plus this process's ``own_seconds``."""
+    ``other_ticks`` (each) beside this process's ``own_seconds``."""
     ticks = os.sysconf("SC_CLK_TCK")
-    clock, own = [100.0], [0.0]
+    clock, counters = [100.0], [(0, 0, 0)]
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(threads.os, "times", lambda: os.times_result((own[0], 0.0, 0.0, 0.0, 0.0)))
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat: counters[0])
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    stat = tmp_path / "stat"
-    stat_file(stat, [0] * cpus)
-    load = threads.Load(str(stat))
+    load = threads.Load()
     clock[0] += 1.0
-    own[0] = own_seconds
-    mine = [int(own_seconds * ticks / cpus)] * cpus  # our own time, spread over the CPUs
-    stat_file(stat, [t + m for t, m in zip(other_ticks, mine, strict=True)])
+    own = int(own_seconds * ticks)
+    counters[0] = (cpus * ticks, sum(other_ticks) + own, own)
     return load.free_cores()
 
 
-def test_a_core_another_process_keeps_busy_is_not_free(tmp_path, monkeypatch):
+def test_a_core_another_process_keeps_busy_is_not_free(monkeypatch):
     ticks = os.sysconf("SC_CLK_TCK")
-    assert load_over(tmp_path, monkeypatch, 2, [0, 0], 1.5) == 2  # only we worked
-    assert load_over(tmp_path, monkeypatch, 2, [ticks, 0], 1.0) == 1  # a spinner on one
-    assert load_over(tmp_path, monkeypatch, 2, [ticks, ticks], 0.0) == 1  # never fewer than one
-    assert load_over(tmp_path, monkeypatch, 4, [ticks // 10, 0, 0, 0], 2.0) == 4  # a daemon's crumbs
+    assert load_over(monkeypatch, 2, [0, 0], 1.5) == 2  # only we worked
+    assert load_over(monkeypatch, 2, [ticks, 0], 1.0) == 1  # a spinner on one
+    assert load_over(monkeypatch, 2, [ticks, ticks], 0.0) == 1  # never fewer than one
+    assert load_over(monkeypatch, 4, [ticks // 20, 0, 0, 0], 2.0) == 4  # a daemon's crumbs
+    assert load_over(monkeypatch, 4, [ticks // 5, 0, 0, 0], 2.0) == 3  # a fifth of one
 
 
 def test_the_load_is_read_at_most_every_interval(tmp_path, monkeypatch):
-    stat = tmp_path / "stat"
-    stat_file(stat, [0, 0])
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
-    load = threads.Load(str(stat))
-    stat.unlink()  # a reading now would find no file and keep the last answer anyway
-    assert load.free_cores() == 2
     assert threads.Load(str(tmp_path / "missing")).free_cores() == 2  # no /proc: all free
+    load = threads.Load()
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat: 1 / 0)  # not read so soon
+    assert load.free_cores() == 2
 
 
 def test_own_work_is_single_threaded_and_model_calls_get_the_free_cores(monkeypatch):
