@@ -69,16 +69,16 @@ class RowsOnDemand:
         return self.rows[i]
 
 
-def verify_rejection(p: torch.Tensor | RowsOnDemand, q: torch.Tensor | ProposalRows, candidates: Sequence[int],
-                     generator: torch.Generator) -> tuple[int, int]:
+def verify_rejection(p: torch.Tensor | RowsOnDemand, q: torch.Tensor | ProposalRows,
+                     candidates: Sequence[int], generator: torch.Generator) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     ``p``: target's processed distributions, ``len(candidates) + 1`` rows (a tensor, or
-    `RowsOnDemand`); ``q``: the
-    proposal distributions the candidates were drawn from, one row per candidate, over the
-    same (target) vocabulary: a tensor, or rows formed on demand (`ProposalRows`). Candidate
-    x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection the correction is drawn from the
-    residual max(0, p_i - q_i) / Z. Every emitted token is then distributed exactly as p_i.
+    `RowsOnDemand`); ``q``: the proposal distributions the candidates were drawn from, one row
+    per candidate, over the same (target) vocabulary (a tensor, or `ProposalRows`). Candidate
+    x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection the
+    correction is drawn from the residual max(0, p_i - q_i) / Z. Every emitted token is then
+    distributed exactly as p_i.
     """
     rows = q if isinstance(q, ProposalRows) else None
     for i, x in enumerate(candidates):
