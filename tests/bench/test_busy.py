@@ -46,7 +46,7 @@ def test_bench_runs_its_measured_rows_beside_busy_processes(tmp_path, monkeypatc
                "--no-plots", "--out", str(out)])
     assert rc == 0 and entered == [1]
     results = json.loads((out / "results.json").read_text())
-    assert results["settings"]["busy_cores"] == 1
+    assert results["meta"]["settings"]["busy_cores"] == 1
     summary = (out / "summary.md").read_text()
     assert "busy cores 1" in summary and "busy-spinning process ran beside every measured run" in summary
 
