@@ -1,8 +1,8 @@
 """Host overhead on null models (issue 39), as `anydraft.hardware.device_check.host` measures it:
 Qwen2.5's 151,936 logits <- SmolLM2's 49,152, k = 5 fixed, 2 prompts x 128 tokens per method.
 
-    python scripts/host_overhead.py            # one table
-    python scripts/host_overhead.py slem prof  # and cProfile of one method's runs
+    PYTHONPATH=$PWD python scripts/host_overhead.py            # one table (this checkout)
+    PYTHONPATH=$PWD python scripts/host_overhead.py slem prof  # and cProfile of one method's runs
 """
 
 import cProfile
