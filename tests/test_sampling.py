@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from anydraft import AnydraftError, SamplingParams
+from anydraft.sampling import SAMPLE_BLOCK, inverse_cdf
 
 
 def test_greedy_is_one_hot_of_argmax():
@@ -122,3 +123,20 @@ def test_logit_bias_ids_must_be_the_models():
     SamplingParams(logit_bias={9: 1.0}).check_vocabulary(10)
     with pytest.raises(AnydraftError, match=r"token id 10, but the model has ids 0\.\.9"):
         SamplingParams(logit_bias={10: 1.0}).check_vocabulary(10)
+
+
+@pytest.mark.parametrize("width", [5, SAMPLE_BLOCK, 3 * SAMPLE_BLOCK + 7])
+def test_inverse_cdf_gives_each_token_its_share_of_the_unit_interval(width):
+    """Evenly spaced points u of [0, 1) land on token i in proportion to p_i (to one point),
+    never on a token of probability 0, at a block's edges and past the last full block too."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(width, generator=gen) * (torch.rand(width, generator=gen) < 0.5)
+    p[0] = p[-1] = 0.0
+    p[min(width - 2, SAMPLE_BLOCK - 1)] = 0.5  # a heavy token at a block's end
+    points = 20_000
+    counts = torch.zeros(width)
+    for j in range(points):
+        counts[inverse_cdf(p, (j + 0.5) / points)] += 1
+    assert torch.all(counts[p == 0] == 0)
+    assert torch.all((counts - p / p.sum() * points).abs() <= 1.0 + 1e-6)
+    assert p[inverse_cdf(p, 0.0)] > 0 and p[inverse_cdf(p, 1 - 2**-53)] > 0

@@ -53,6 +53,9 @@ def register(sub) -> None:
     add_sampling_options(b, SamplingParams(seed=0))  # seeded: a sampling run repeats exactly
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
     b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    b.add_argument("--busy-cores", type=int, default=0, metavar="N",
+                   help="start N busy-spinning processes for the measured runs (after the warm-up) "
+                        "and stop them after: speed on a machine that also runs something else")
     b.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
                    help="apply the target's chat template (auto: when it has one)")
     b.add_argument("--no-plots", action="store_true")
@@ -75,6 +78,8 @@ def settings_from_args(args):
         raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
     if args.max_new_tokens < 1:
         raise AnydraftError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.busy_cores < 0:
+        raise AnydraftError(f"--busy-cores must be >= 0, got {args.busy_cores}")
     draft, sampling = draft_config(args), sampling_params(args)
     baselines = [b.strip() for b in (args.baseline or "").split(",") if b.strip()]
     for b in baselines:
@@ -107,7 +112,7 @@ def settings_from_args(args):
         baseline_llama_server="llama-server" in baselines,
         max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=device, draft=draft,
-        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat)
+        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, busy_cores=args.busy_cores)
 
 
 def command_line(args) -> str:

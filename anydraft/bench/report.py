@@ -198,7 +198,8 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         f"- settings: dataset {s['dataset']} ({s['prompts']} prompts: {', '.join(s['categories'])}), "
         f"{sampling}, {s['max_new_tokens']} new tokens, dtype {s['dtype']}"
         f"{', drafter ' + s['drafter_dtype'] if s['drafter_dtype'] else ''}{backends}, {draft}, "
-        f"chat template {s['chat']}, {s['repeats']} repeat(s) (median), warm-up {'on' if s['warmup'] else 'off'}",
+        f"chat template {s['chat']}, {s['repeats']} repeat(s) (median), warm-up {'on' if s['warmup'] else 'off'}"
+        f"{', busy cores ' + str(s['busy_cores']) if s.get('busy_cores') else ''}",
         "",
     ]
     if meta.get("synthetic"):

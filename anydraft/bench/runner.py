@@ -20,6 +20,8 @@ from ..hardware.profile import curve_of
 from ..models.backends import BACKENDS
 from ..sampling import SamplingParams
 from .bound import best_bound, cost_ratio, per_token_acceptance, verify_costs
+from .busy import busy_cores
+from .busy import note as busy_note
 from .host import host_fields
 
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
@@ -45,6 +47,7 @@ class BenchSettings:
     draft: DraftConfig = field(default_factory=DraftConfig)  # its method is unused: `methods`
     repeats: int = 1
     warmup: bool = True
+    busy_cores: int = 0  # busy-spinning processes beside the measured runs (busy.py)
     chat: str = "auto"  # auto | yes | no
     verify_costs: dict = field(default_factory=dict)  # target backend -> [v_1..v_k] (bound.py)
     fastest_plain: str | None = None  # set by run_bench: `fastest_plain`
@@ -278,6 +281,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
 def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target_tok, chat: bool,
                 name_of: Callable[[tuple], str], progress_note, quiet: bool) -> list[dict]:
     """Warm-up, then every job on every prompt, interleaved (see the module docstring)."""
+    if settings.busy_cores:
+        settings.notes.append(busy_note(settings.busy_cores))
     for n in settings.notes:
         progress_note(f"note: {n}")
     params = settings.sampling
@@ -314,6 +319,16 @@ def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target
 
     progress = Progress(len(prompts) * len(jobs) * settings.repeats, quiet=quiet)
     ar_decoders = {key[0]: dec for key, dec, _ in jobs if key[3] == "ar"}
+    with busy_cores(settings.busy_cores):
+        rows = _measured_runs(settings, prompts, jobs, run_one, drop, progress, name_of,
+                              ar_decoders, chat)
+    settings.fastest_plain = fastest_plain(rows)
+    return rows
+
+
+def _measured_runs(settings: BenchSettings, prompts: list[dict], jobs: list, run_one, drop,
+                   progress: Progress, name_of, ar_decoders: dict, chat: bool) -> list[dict]:
+    """Every job on every prompt, interleaved: the rows."""
     rows = []
     for p in prompts:
         runs: dict[tuple, list[dict]] = {}
@@ -333,7 +348,6 @@ def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target
                               f"{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s")
         rows += _rows_for_prompt(p, runs, settings, progress, name_of,
                                  lambda tb, a, b, text=p["prompt"]: divergence(ar_decoders[tb], text, chat, a, b))
-    settings.fastest_plain = fastest_plain(rows)
     return rows
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..hardware.profile import MIN_READ
 from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
+from ..models.threads import host_threads
 from ..sampling import SamplingParams
 from .logprobs import TokenLogprob
 from .stats import Stats
@@ -293,7 +294,12 @@ class Batch:
         self.joining.append(generation)
 
     def run_once(self) -> list[tuple[Generation, bool]]:
-        """One step of the batch: each generation that made news, with whether it is done."""
+        """One step of the batch: each generation that made news, with whether it is done.
+        torch works single-threaded in it but for the models' calls (models/threads.py)."""
+        with host_threads():
+            return self._run_once()
+
+    def _run_once(self) -> list[tuple[Generation, bool]]:
         chunks = 0 if self.active else None  # 0: read in the step's call
         news = [(g, True) for g in self.joining if not _alone(g, g.start, chunks) and g.done]
         self.active += [g for g in self.joining if g.row is not None]

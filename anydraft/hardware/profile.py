@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..atomic import write_text
 from ..models import catalog
+from ..models.threads import cpu_ticks
 from .machine import Machine, this_machine
 
 # tokens scored in one call: each size up to 5, where short drafts and small batches score and a
@@ -58,23 +59,13 @@ def busy(seconds: float = 0.5) -> bool:
     machine and this process spent over ``seconds`` (a load average would count this
     process's own recent work)."""
     try:
-        before = _cpu_jiffies()
+        before = cpu_ticks()
         time.sleep(seconds)
-        after = _cpu_jiffies()
+        after = cpu_ticks()
     except OSError:  # no /proc: assume a quiet machine
         return False
     total, used, mine = (b - a for a, b in zip(before, after, strict=True))
     return total > 0 and (used - mine) / total > BUSY_SHARE
-
-
-def _cpu_jiffies() -> tuple[int, int, int]:
-    """(all CPU time, busy CPU time, this process's CPU time), in clock ticks."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    with open("/proc/self/stat") as f:
-        stat = f.read().rsplit(")", 1)[1].split()
-    return sum(fields), sum(fields) - idle, int(stat[11]) + int(stat[12])  # utime + stime
 
 
 def _path(machine: Machine) -> Path:

@@ -22,7 +22,7 @@ import torch
 from ..bridge import UnspellableBytes
 from ..bridge.translate import resync
 from ..models.session import PREFILL_CHUNK, Session
-from ..sampling import sample
+from ..sampling import first_max, sample
 
 
 def drive(drafting, feed: Callable[[list[int]], torch.Tensor]):
@@ -113,7 +113,7 @@ class Drafter:
             q = to_probs(logits)
             if q is None:
                 break
-            token = int(q.argmax()) if greedy else sample(q, generator)
+            token = int(first_max(q)) if greedy else sample(q, generator)
             tokens.append(token)
             dists.append(q)
             if token in stop_ids:

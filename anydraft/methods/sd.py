@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .pairing import DrafterMethod
-from .verify import Proposal, verify_exact, verify_rejection
+from .verify import Proposal, ProposalRows, RowsOnDemand, verify_exact, verify_rejection
 
 
 class SpeculativeSampling(DrafterMethod):
@@ -33,8 +33,24 @@ class SpeculativeSampling(DrafterMethod):
         params, drafts = state.params, proposal.candidates
         if params.greedy:
             return verify_exact(logits, drafts, params, state.generator)
-        p = params.probs(logits)
-        q = torch.zeros(len(drafts), self.pairing.target_vocab_size, dtype=p.dtype)
-        for i, dist in enumerate(proposal.qs):
-            q[i, : dist.shape[0]] = dist
-        return verify_rejection(p, q, drafts, state.generator)
+        p = RowsOnDemand(params.probs, logits)
+        return verify_rejection(p, PaddedRows(proposal.qs, self.pairing.target_vocab_size, p), drafts,
+                                state.generator)
+
+
+class PaddedRows(ProposalRows):
+    """The drafter's distributions ``qs`` as rows over the target's ``width`` ids: a padded
+    vocabulary may be narrower on the drafter's side, whose ids past it have probability 0.
+    Only a rejected position needs its whole row."""
+
+    def __init__(self, qs: list, width: int, p: RowsOnDemand):
+        self.qs, self.width, self.p = qs, width, p  # p: the rows' dtype
+
+    def prob(self, i: int, x: int) -> float:
+        return float(self.qs[i][x].to(self.p[i].dtype))
+
+    def row(self, i: int) -> torch.Tensor:
+        dist = self.qs[i]
+        out = torch.zeros(self.width, dtype=self.p[i].dtype)
+        out[: dist.shape[0]] = dist
+        return out

@@ -28,6 +28,7 @@ from ..atomic import replacing
 from ..errors import AnydraftError
 from .batch import full
 from .session import ROLLBACK_HELP, rows_to_return
+from .threads import llamacpp_threads
 
 # A context this long is allocated per session (KV cache, f16). The models' training windows
 # (8k-32k) would cost up to ~1 GB each; override with $ANYDRAFT_LLAMACPP_CONTEXT.
@@ -186,7 +187,7 @@ class _Context:
         self.rows = rows
         params.n_batch = params.n_ubatch = BATCH
         params.n_seq_max = rows
-        params.n_threads = params.n_threads_batch = _threads()
+        params.n_threads = params.n_threads_batch = self.threads = llamacpp_threads()
         params.swa_full = True  # sliding-window layers (Gemma-3) keep every position: rollback
         if rows > 1 and hasattr(params, "kv_unified"):  # builds without the field have no other
             params.kv_unified = True  # one pool for all rows: see LlamaCppBatch
@@ -197,6 +198,14 @@ class _Context:
                                 f"for {model.name}: set ANYDRAFT_LLAMACPP_CONTEXT lower{fewer}")
         self.memory = lib.llama_get_memory(self.ctx)
         self.batch = lib.llama_batch_init(BATCH, 0, 1)
+
+    def use_free_cores(self) -> None:
+        """Run the next call on `llamacpp_threads` threads (models/threads.py: a thread on a
+        core another process keeps busy makes each of the graph's operations wait for it)."""
+        threads = llamacpp_threads()
+        if threads != self.threads:
+            self._lib.llama_set_n_threads(self.ctx, threads, threads)
+            self.threads = threads
 
     def free(self) -> None:
         if self.ctx:
@@ -236,6 +245,7 @@ class LlamaCppSession:
                 if i >= first_row:
                     wanted.append(j)
             batch.n_tokens = len(chunk)
+            self._context.use_free_cores()
             status = lib.llama_decode(self._ctx, batch)
             if status != 0:
                 self.rollback(self._length)  # drop whatever the failed call left behind
@@ -329,6 +339,7 @@ class LlamaCppBatch:
                 batch.seq_id[j][0] = row
                 batch.logits[j] = k >= 0
             batch.n_tokens = len(chunk)
+            self._context.use_free_cores()
             status = lib.llama_decode(ctx, batch)
             if status != 0:
                 for row in feeds:  # drop whatever this call left behind, earlier chunks included

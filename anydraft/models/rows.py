@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 from ..errors import AnydraftError
 from .batch import RowLengths
 from .session import context_window, fast_path_problem, rows_to_return
+from .threads import on_model_threads
 
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
 PACKED = "anydraft_rows"  # the attention implementation a packed call runs under
@@ -111,6 +112,7 @@ class TorchBatch(RowLengths):
         self.lengths: dict[int, int] = {}
         self.call: list[tuple[int, int, int]] = []  # (row, start in the packed call, tokens)
 
+    @on_model_threads
     @torch.inference_mode()
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         order = sorted(feeds)

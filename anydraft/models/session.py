@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from ..errors import AnydraftError
+from .threads import on_model_threads
 
 
 class Session(Protocol):
@@ -71,6 +72,7 @@ class HFSession:
     def __len__(self) -> int:
         return self._length
 
+    @on_model_threads
     @torch.inference_mode()
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
         n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)

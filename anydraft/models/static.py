@@ -23,6 +23,7 @@ import torch
 
 from ..errors import AnydraftError
 from .session import context_window, fast_path_problem, model_name, rows_to_return
+from .threads import on_model_threads
 
 SUFFIX = "+compile"  # appended to a dtype name: the model runs compiled on a static cache
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # token counts compiled; a call is padded up to the next one
@@ -99,6 +100,7 @@ class StaticSession:
     def __len__(self) -> int:
         return self._length
 
+    @on_model_threads
     @torch.inference_mode()
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
         n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)

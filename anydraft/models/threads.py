@@ -1,0 +1,161 @@
+"""Threads: the models' calls run on the cores other processes leave free; everything else on one.
+
+Measured on 2 cores while another process kept one busy (issue 39): a one-hot over 49,152
+entries took 16 ms on torch's 2 threads against 0.05 ms on one, and a llama.cpp call 0.51 s
+against 0.04 s. A parallel operation waits at its end for its slowest thread, and a thread
+on a busy core runs only when the scheduler gives it a turn (milliseconds); a model call
+meets such a wait at every operation of every layer. So:
+
+- anydraft's own work on vocabulary-wide vectors (sampling, verification, drafting
+  bookkeeping) is single-threaded (`host_threads`): it is memory-bound, microseconds on one
+  core, and gains nothing worth a wait from a second;
+- a model call runs on as many threads as cores are free (`model_threads`, `free_cores`),
+  never more than the process had before anydraft (torch) or `$ANYDRAFT_LLAMACPP_THREADS`
+  (llama.cpp), so that a load slows drafting no more than it slows plain decoding.
+
+Free cores are read from /proc/stat (the CPUs this process may run on, less the time this
+process itself used), at most every `READ_EVERY` seconds; elsewhere every core counts free.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+# seconds between two readings of the load (a reading costs ~50 us; loads come and go in seconds)
+READ_EVERY = 0.5
+# a core counts as taken once other processes used this share of one over the last reading: a
+# busy-spinning process takes ~1.0, a quiet machine's daemons a few hundredths. Low, because a
+# wrong guess costs far more one way: Qwen2.5-1.5B's one-token llama.cpp call on 2 threads took
+# 3x its time on one (295 against 100 ms, a median) on 2 cores that other work kept partly busy,
+# where a second free core would have saved at most half
+TAKEN_SHARE = 0.1
+
+
+def cpu_ticks(cpus: list[int] | None = None, stat: str = "/proc/stat") -> tuple[int, int, int]:
+    """(all CPU time, busy CPU time, this process's CPU time) in clock ticks: of the CPUs
+    ``cpus``, or of the whole machine (None). Raises OSError where there is no /proc."""
+    with open(stat) as f:
+        lines = f.read().splitlines()
+    wanted = {"cpu"} if cpus is None else {f"cpu{i}" for i in cpus}
+    total = busy = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            values = [int(v) for v in fields[1:]]
+            total += sum(values)
+            busy += sum(values) - values[3] - values[4]  # all but idle and iowait
+    with open("/proc/self/stat") as f:
+        own = f.read().rsplit(")", 1)[1].split()
+    return total, busy, int(own[11]) + int(own[12])  # utime + stime
+
+
+class Load:
+    """The cores other processes leave free, as /proc/stat said over the last reading."""
+
+    def __init__(self, stat: str = "/proc/stat"):
+        self.stat = stat
+        try:
+            self.cpus = sorted(os.sched_getaffinity(0))
+        except AttributeError:  # no affinity on this platform
+            self.cpus = list(range(os.cpu_count() or 1))
+        self.free = len(self.cpus)
+        self._last = self._read()
+        self._lock = threading.Lock()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        """(wall seconds, busy core-seconds of our CPUs, this process's CPU seconds), or None
+        where /proc/stat cannot be read."""
+        try:
+            _, busy, own = cpu_ticks(self.cpus, self.stat)
+        except OSError:
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        return time.monotonic(), busy / ticks, own / ticks
+
+    def free_cores(self) -> int:
+        """Cores of ours that other processes left free over the last reading (at least 1)."""
+        if self._last is None or time.monotonic() - self._last[0] < READ_EVERY:
+            return self.free
+        with self._lock:
+            now = self._read()
+            if now is None or now[0] - self._last[0] <= 0:
+                return self.free
+            wall, busy, own = (a - b for a, b in zip(now, self._last, strict=True))
+            others = max(0.0, busy - own) / wall  # cores' worth of other processes' work
+            self.free = max(1, len(self.cpus) - max(0, math.ceil(others - TAKEN_SHARE)))
+            self._last = now
+            return self.free
+
+
+_load: Load | None = None
+_state = threading.local()  # per thread: torch's thread count before `host_threads` (OpenMP's is per thread)
+
+
+def free_cores() -> int:
+    global _load
+    if _load is None:
+        _load = Load()
+    return _load.free_cores()
+
+
+@contextmanager
+def host_threads():
+    """Run torch single-threaded inside (anydraft's own work), the thread count of before
+    restored after; `model_threads` inside gives a model call its threads back."""
+    import torch
+
+    if getattr(_state, "before", None) is not None:  # nested: the outer one restores
+        yield
+        return
+    _state.before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(_state.before)
+        _state.before = None
+
+
+def torch_threads() -> int:
+    """The threads a torch model call gets: the free cores, at most what the process had."""
+    import torch
+
+    before = getattr(_state, "before", None)
+    return min(before if before is not None else torch.get_num_threads(), free_cores())
+
+
+@contextmanager
+def model_threads():
+    """A torch model's call: on `torch_threads` threads inside, the count of before after."""
+    import torch
+
+    now, wanted = torch.get_num_threads(), torch_threads()
+    if wanted == now:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(now)
+
+
+def on_model_threads(feed):
+    """A torch model's feed, run inside `model_threads`."""
+    @functools.wraps(feed)
+    def wrapped(*args, **kwargs):
+        with model_threads():
+            return feed(*args, **kwargs)
+
+    return wrapped
+
+
+def llamacpp_threads() -> int:
+    """The threads of a llama.cpp call: `$ANYDRAFT_LLAMACPP_THREADS` where set, else the free
+    cores (at most every core this process may run on)."""
+    return int(os.environ.get("ANYDRAFT_LLAMACPP_THREADS", 0)) or free_cores()

@@ -1,0 +1,73 @@
+"""models/threads.py: one torch thread for anydraft's own work, the free cores for the models."""
+
+import os
+
+import torch
+
+from anydraft.models import threads
+
+
+def load_over(monkeypatch, cpus: int, other_ticks: list[int], own_seconds: float) -> int:
+    """The free cores a `Load` reads when, over one second, the CPUs were busy for
+    ``other_ticks`` (each) beside this process's ``own_seconds``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    clock, counters = [100.0], [(0, 0, 0)]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat: counters[0])
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    load = threads.Load()
+    clock[0] += 1.0
+    own = int(own_seconds * ticks)
+    counters[0] = (cpus * ticks, sum(other_ticks) + own, own)
+    return load.free_cores()
+
+
+def test_a_core_another_process_keeps_busy_is_not_free(monkeypatch):
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert load_over(monkeypatch, 2, [0, 0], 1.5) == 2  # only we worked
+    assert load_over(monkeypatch, 2, [ticks, 0], 1.0) == 1  # a spinner on one
+    assert load_over(monkeypatch, 2, [ticks, ticks], 0.0) == 1  # never fewer than one
+    assert load_over(monkeypatch, 4, [ticks // 20, 0, 0, 0], 2.0) == 4  # a daemon's crumbs
+    assert load_over(monkeypatch, 4, [ticks // 5, 0, 0, 0], 2.0) == 3  # a fifth of one
+
+
+def test_the_load_is_read_at_most_every_interval(tmp_path, monkeypatch):
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert threads.Load(str(tmp_path / "missing")).free_cores() == 2  # no /proc: all free
+    load = threads.Load()
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat: 1 / 0)  # not read so soon
+    assert load.free_cores() == 2
+
+
+def test_own_work_is_single_threaded_and_model_calls_get_the_free_cores(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)
+    try:
+        torch.set_num_threads(2)
+        inside = []
+
+        @threads.on_model_threads
+        def feed():
+            inside.append(torch.get_num_threads())
+
+        with threads.host_threads():
+            assert torch.get_num_threads() == 1
+            with threads.host_threads():  # nested: still one, and the outer one restores
+                assert torch.get_num_threads() == 1
+            feed()
+            monkeypatch.setattr(threads, "free_cores", lambda: 8)
+            feed()
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        # the free cores, never more than the process had before anydraft
+        assert inside == [1, 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_llamacpp_threads_follow_the_free_cores_unless_set(monkeypatch):
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)
+    monkeypatch.delenv("ANYDRAFT_LLAMACPP_THREADS", raising=False)
+    assert threads.llamacpp_threads() == 1
+    monkeypatch.setenv("ANYDRAFT_LLAMACPP_THREADS", "3")
+    assert threads.llamacpp_threads() == 3
