@@ -169,6 +169,7 @@ class CachedParams:
 
     def __init__(self, params):
         self.params, self.greedy, self._memo = params, params.greedy, {}
+        self.logit_bias = params.logit_bias  # what the pairing asks of a generation's settings
 
     def probs(self, logits):
         key = (logits.data_ptr(), tuple(logits.shape), tuple(logits.stride()))
