@@ -7,12 +7,13 @@ import sys
 
 from ..errors import AnydraftError
 from ..models import synthetic
+from ..planning.settings import SETTINGS
 from . import profile
 from .machine import this_machine
 
 LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
 LLAMACPP_COPY = "llama.cpp copy"
-SERVER_ROWS = profile.MAX_AUTO_BATCH  # the most rows a server's target scores with `--max-batch auto`
+SERVER_ROWS = SETTINGS.max_auto_batch  # the most rows a server's target scores with `--max-batch auto`
 
 
 def copy_path(kind: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..atomic import write_text
 from ..models import catalog
+from ..planning.estimates import Acceptance
 from .machine import Machine, this_machine
 
 # tokens scored in one call: each size up to 5, where short drafts and small batches score and a
@@ -109,20 +110,8 @@ def rate(curve: dict[int, float]) -> float:
     """Expected tokens per second of the curve's best step, plain or speculative, with the
     policy's prior acceptance (nothing measured about any drafter yet): rewards a flat curve
     and a fast plain step alike."""
-    from ..methods.policy import Acceptance
-
     prior = Acceptance()
     return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
-
-
-# a joining prompt's read may make the decoding rows' call cost this much more than a one-token
-# call (decoding/step.py `read_budget`)
-BATCH_LATENCY = 1.5
-MAX_AUTO_BATCH = 16  # the most rows `--max-batch auto` gives a worker
-# the fewest prompt tokens a batch's call reads for joining sequences, however full it is
-# (decoding/step.py `read_budget`; `anydraft serve --min-read`): a 256-token prompt joins
-# within 16 steps
-MIN_READ = 16
 
 
 def max_batch(costs: dict[int, float], limit: int) -> int:

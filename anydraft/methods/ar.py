@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .policy import Estimates, Policy
+from ..planning.estimates import Estimates
+from ..planning.policy import Policy
 from .row import Row
 
 

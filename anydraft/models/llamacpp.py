@@ -208,6 +208,8 @@ class _Context:
 class LlamaCppSession:
     """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
 
+    batch = None  # a sequence of its own
+
     def __init__(self, model: LlamaCppModel, context: _Context):
         self._lib, self._owner, self._context = model._lib, model, context
         self._ctx, self._memory, self._batch = context.ctx, context.memory, context.batch

@@ -37,7 +37,7 @@ from starlette.requests import ClientDisconnect
 
 from ..config import override
 from ..errors import AnydraftError
-from ..hardware.profile import MIN_READ
+from ..planning.settings import SETTINGS
 from ..sampling import SamplingParams
 from .cli import is_loopback
 from .connections import ALWAYS, Connections
@@ -78,7 +78,7 @@ class ServerConfig:
     max_queue: int = 64
     max_queued_per_client: int | None = None  # None: scheduler.fair_share(max_queue)
     max_batch: int = 1  # generations each worker runs together (continuous batching)
-    min_read: int = MIN_READ  # the fewest prompt tokens a batch's step reads for joining requests
+    min_read: int = SETTINGS.min_prefill  # the fewest prompt tokens a batch's step reads for joining requests
     max_body_bytes: int = 2 * 2**20
     body_timeout: float = 30.0  # seconds to receive a whole request body (slow uploads: 408)
     request_timeout: float | None = None  # wall-clock seconds per request, from its arrival

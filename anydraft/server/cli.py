@@ -7,8 +7,8 @@ import ipaddress
 import os
 import sys
 
-from ..hardware.profile import MIN_READ
 from ..options import add_draft_options, add_model_options
+from ..planning.settings import SETTINGS
 
 
 def register(sub) -> None:
@@ -30,9 +30,9 @@ def register(sub) -> None:
                         "step latency (all 16 where the curve is flat, 1 where scoring more tokens "
                         "costs proportionally more, and with --max-concurrency above 1); a number "
                         "bounds each request's slowdown (`anydraft doctor --batch`)")
-    s.add_argument("--min-read", type=int, default=MIN_READ, metavar="N",
+    s.add_argument("--min-read", type=int, default=SETTINGS.min_prefill, metavar="N",
                    help="the fewest prompt tokens each batched step reads for a joining request "
-                        f"(default {MIN_READ}): fewer keep the other requests' inter-token latency "
+                        f"(default {SETTINGS.min_prefill}): fewer keep the other requests' inter-token latency "
                         "steadier where scoring more tokens costs more (CPUs), more bring a "
                         "joining request's first token sooner")
     s.add_argument("--max-queue", type=int, default=64,

@@ -28,6 +28,7 @@ import sys
 from ray import serve
 
 from ..errors import AnydraftError
+from ..planning.settings import SETTINGS
 
 APP_NAME = "anydraft"  # the Serve application's name, and the deployment's
 REPLICA_HEADER = "x-anydraft-replica"  # each response names the replica that answered it
@@ -168,14 +169,13 @@ def bind(args: argparse.Namespace, api_key: str | None, replicas=None, autoscale
          replica_cpus=None, replica_gpus=None, metrics_port=None):
     """The deployment of parsed `anydraft serve` options, bound (see `app`)."""
     from .cli import autoscale_range
-    from .workers import MAX_AUTO_BATCH
 
     if replicas is not None and autoscale is not None:
         raise AnydraftError("give replicas or autoscale, not both")
     if replicas is not None and int(replicas) < 1:
         raise AnydraftError(f"replicas must be at least 1, got {replicas}")
     # requests a replica takes at once: its rows at work and its own fair queue
-    rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else MAX_AUTO_BATCH)
+    rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else SETTINGS.max_auto_batch)
     deployment = {"max_ongoing_requests": rows + args.max_queue}
     if autoscale is not None:
         low, high = (autoscale_range(autoscale) if isinstance(autoscale, str)

@@ -6,7 +6,7 @@ import copy
 import ctypes
 import os
 
-from ..hardware.profile import MAX_AUTO_BATCH
+from ..planning.settings import SETTINGS
 
 
 def build_decoders(args) -> list:
@@ -107,7 +107,7 @@ def target_rows(args) -> int:
     the most ``auto`` takes, 1 with several workers (they would share the cores)."""
     if args.max_batch != "auto":
         return args.max_batch
-    return 1 if args.max_concurrency > 1 else MAX_AUTO_BATCH
+    return 1 if args.max_concurrency > 1 else SETTINGS.max_auto_batch
 
 
 def choose_max_batch(decoder, args) -> int:
