@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 
 from .config import DraftConfig
 from .sampling import SamplingParams
 
 _TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+
+
+def command_line(args) -> str:
+    """The command as typed (anydraft/cli.py `main` keeps its arguments in ``args.argv``)."""
+    return shlex.join(["anydraft", *args.argv])
 
 
 def _add(parser: argparse.ArgumentParser, title: str, defaults, skip: tuple[str, ...]) -> None:

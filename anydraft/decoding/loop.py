@@ -259,8 +259,8 @@ class Batch:
     generations that joined since the last one, then runs ONE step of every unfinished
     generation, in which the rows whose targets are rows of one `BatchSession` are scored in
     one target call (`step.step`). A joining prompt is read at once while nothing else decodes;
-    otherwise a part of it rides in each step's call (planning/call.py `prefill`), so that it does not
-    stall the others. A generation whose own work fails ends alone (`Generation.fail`, reported
+    otherwise a part of it rides in each step's call (planning/call.py `prefill`), so that it
+    does not stall the others. A generation whose own work fails ends alone (`Generation.fail`, reported
     done); only a failure of a shared call raises from `run_once`. A generation joins whenever it likes and leaves as soon as it finishes or
     is cancelled; its target row is freed then. ``min_prefill``: the fewest prompt tokens a step
     reads for joining generations (default `Settings.min_prefill`; planning/call.py

@@ -1,5 +1,5 @@
 """`anydraft doctor --batch`: the cost of one batched target call against the one-sequence curve
-(issue 21, docs/batching-plan.md section 8, step 8 of section 9).
+(issue 21; docs/hardware.md).
 
 `--max-batch auto` (server/workers.py) and the batch-aware policy price a call of B rows x q
 new tokens as the one-sequence curve's T(B x q) (profile.py): the linear layers do the same

@@ -12,7 +12,7 @@ class Autoregressive:
 
     def __init__(self, estimates: Estimates | None = None):
         # the decoder's: plain steps learn nothing, but a batch reads the target's cost curve
-        # in them (decoding/step.py `read_budget`)
+        # in them (planning/call.py `prefill_budget`)
         self.estimates = estimates if estimates is not None else Estimates()
 
     def start(self, state) -> Row:

@@ -70,8 +70,8 @@ class Drafter:
         return logits
 
     def draft_passes(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
-                 greedy: bool, generator: torch.Generator, confidence: float,
-                 stop_ids: frozenset[int] = frozenset(), read: int = 0):
+                     greedy: bool, generator: torch.Generator, confidence: float,
+                     stop_ids: frozenset[int] = frozenset(), read: int = 0):
         """Draft up to ``k`` tokens, as a generator: it yields the ids to feed the drafter's
         session next and is sent the logits after them (`propose` feeds them one call at a
         time; a batch of drafters, decoding/step.py `draft_together`, feeds every row's in one

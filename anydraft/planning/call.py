@@ -82,8 +82,9 @@ def _confirm(rows: list, choices: list, group: list[int]) -> None:
     """One adaptive row a call drafts while its acceptance estimate rests on fewer than
     `Settings.evidence` observations of the first draft position (at the start, or after a
     probe of estimates that had faded): rows of one pair share the estimate, so one probe whose
-    drafts were all kept had every row draft 3-5 tokens in the next steps, calls several times
-    a plain one. The others sit out until the drafting row's steps confirm it."""
+    drafts were all kept had every row draft long in the next steps, calls several times a
+    plain one (docs/benchmarks-history.md). The others sit out until the drafting row's steps
+    confirm it."""
     seen = set()
     for i in group:
         choice = choices[i]
@@ -99,8 +100,8 @@ def _confirm(rows: list, choices: list, group: list[int]) -> None:
 def _wait_once(choices: list, group: list[int]) -> None:
     """A call's step counts once towards each sitting-out estimator's next probe, however many
     of its rows sat out: probes are due once the steps without the drafter cost enough
-    (`probe_due`, one plain step each), and 8 rows counting 8 probed up to 7 times in 64
-    steps, each probe lengthening all 8 rows' step by half."""
+    (`probe_due`, one plain step each), and every row counting probed several times as
+    often, each probe lengthening every row's step (docs/benchmarks-history.md)."""
     seen: set = set()
     for i in group:
         waited = tuple(acc for acc in choices[i].waited if id(acc) not in seen)

@@ -75,9 +75,8 @@ class Costs:
         the profile's points; then each size seen, or profiled, is a knot: its own mean and
         the profile's point, shrunk towards the line as if the line were `Settings.shrink` more
         observations; T runs straight between knots, with the line's slope past the ends, and
-        never falls. The line alone would blur a bend: on llama.cpp 2 tokens can cost 1.7x
-        one and 5 tokens 2.1x, and a line through all sizes put the plain step 15% too dear
-        and a 1-token draft 10% too cheap, so drafts that lose looked worth it. Before the
+        never falls. The line alone would blur a bend (llama.cpp's curve bends), making drafts
+        that lose look worth it (docs/adaptive-drafting.md, rule 9). Before the
         pair's own calls spread over sizes, the profile gives the curve its shape: the first
         batch of rows shares its call as the hardware allows."""
         points = [(m, mean.value, mean.weight) for m, mean in self.target.items()]

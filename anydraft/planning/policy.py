@@ -66,7 +66,8 @@ class Choice:
 
 @dataclass
 class Measured:
-    """One step as the loop timed it."""
+    """One step as decoding/step.py timed it (the call's fields: filled by planning/call.py
+    `learn`)."""
 
     wall: float  # seconds from the choice to verification
     draft: float  # drafter seconds

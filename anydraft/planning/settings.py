@@ -49,8 +49,8 @@ class Settings:
 
     # -- the rows of one shared target call (planning/call.py) ---------------------------------
     # observations of a pair's first draft position before more than one row of a call drafts
-    # on them: one lucky probe had 8 rows draft 3-5 tokens each, 1.2-1.6 s steps where plain
-    # ones took 0.35 s (docs/benchmarks-history.md, batching)
+    # on them: one lucky probe had every row of a call draft long at once, steps several times
+    # a plain one (docs/benchmarks-history.md, batching)
     evidence: float = 3.0
     # a joining prompt's read may make the decoding rows' call cost this much more than a
     # one-token call: p99 inter-token latency under load (docs/benchmarks-history.md, batching)

@@ -20,7 +20,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -39,12 +38,11 @@ from ..config import override
 from ..errors import AnydraftError
 from ..planning.settings import SETTINGS
 from ..sampling import SamplingParams
-from .cli import is_loopback
-from .connections import ALWAYS, Connections
+from .connections import ALWAYS, Connections, is_loopback
 from .metrics import Metrics
 from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed, fair_share
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .workers import save_stats
+from .workers import public_name, save_stats
 
 log = logging.getLogger("anydraft.server")
 
@@ -98,15 +96,6 @@ class ServerConfig:
     head_timeout: float = 5.0  # seconds a connection has to send a complete request head
     # --allow-special-in-content: special tokens typed in messages act as control tokens
     allow_special_in_content: bool = False
-
-
-def public_name(name: str | None) -> str | None:
-    """A model name fit to show to clients: a local path becomes its last component."""
-    if not name:
-        return name
-    if os.path.isabs(name) or name.startswith(("~", ".")) or os.path.exists(name):
-        return Path(name).name or name
-    return name
 
 
 def client_of(scope, trusted_proxies) -> str:
