@@ -82,8 +82,6 @@ class Measured:
     records_call: bool = True  # this row adds the call to the cost curve (one row per call and pair)
 
 
-
-
 class Policy:
     """Draft lengths of one generation: ``max_k`` every step, or adaptive. ``draft``: the
     drafter method's estimator (None: no drafter); ``copies``: whether prompt lookup proposes
@@ -205,8 +203,6 @@ class Policy:
             acc.add(step.offered, step.accepted)
 
 
-
-
 @dataclass(frozen=True)
 class Bid:
     """One row of a shared target call, as `allocate` sees it: its `Choice` (at most
@@ -224,7 +220,6 @@ class Bid:
     backlog: int = 0
     budget: int = WANTED
     together: bool = False
-
 
 
 def allocate(bids: list[Bid]) -> list[int]:
