@@ -54,9 +54,10 @@ def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) ->
     `DecodeState`s still reading their prompts; the calls read the next part of each, their
     logits unused (`prefill`: at least ``min_prefill`` tokens a call, default
     `Settings.min_prefill`)."""
-    shared = calls(rows)
+    shared = calls(rows)  # 1. plan
     choices = plan(rows, shared)
 
+    # 2. propose
     marks = [_mark(row) for row in rows]  # a row drafting together starts with all of them
     drafts, caught_up = draft_together(rows, choices)
     proposals, proposing, failed = [], [], {}
@@ -81,11 +82,11 @@ def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) ->
         call.rows = [i for i in call.rows if i not in failed]
     shared = prefill(rows, shared, choices, candidates, joining, min_prefill)
 
-    start = time.perf_counter()
+    start = time.perf_counter()  # 3. score
     logits = score(rows, shared, candidates)
     waited = time.perf_counter() - start  # every row waits for every call
 
-    call_of = {i: call for call in shared for i in call.rows}
+    call_of = {i: call for call in shared for i in call.rows}  # 4-6. verify, commit, learn
     out = []
     for i, row in enumerate(rows):
         if i in failed:

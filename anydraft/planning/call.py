@@ -204,4 +204,5 @@ def learn(call: Call, i: int, row, choice: Choice, outcome: Measured) -> None:
     """Teach row ``i``'s policy what its step (``outcome``, as the step timed it) cost and
     earned, within ``call``: the call's tokens over all its rows, and whether this row adds the
     call to the pair's cost curve."""
-    row.policy.observe(choice, replace(outcome, call_tokens=call.tokens, records_call=i in call.records))
+    outcome.call_tokens, outcome.records_call = call.tokens, i in call.records
+    row.policy.observe(choice, outcome)
