@@ -76,12 +76,12 @@ def cmd_models(args) -> int:
                   + ", ".join(synthetic.names()))
         return 0
     if args.action == "export-tokenizers":
-        from .models import synthetic
+        from .models.loading import export_tokenizers
 
         if len(args.names) != 1:
             raise AnydraftError("name the archive to write, e.g. "
                                 "`anydraft models export-tokenizers .carry/tokenizers.tar.xz`")
-        path = synthetic.export_tokenizers(args.names[0], progress)
+        path = export_tokenizers(args.names[0], progress)
         print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB (unpack into $ANYDRAFT_CACHE)")
         return 0
     if args.action == "quantize":

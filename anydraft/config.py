@@ -10,15 +10,10 @@ import math
 from dataclasses import dataclass, field
 
 from .errors import AnydraftError
+from .planning.settings import SETTINGS
 
 METHODS = ("ar", "lookup", "sd", "slem", "tli", "slrs", "auto")
 NEEDS_DRAFTER = ("sd", "slem", "tli", "slrs")
-
-# the most backlog tokens (the prompt, at first) the drafter reads before drafting: a long prompt
-# read whole kept a slow-reading drafter idle, and the prompt's end informs a draft most; probes
-# read fewer (policy.PROBE_READ), adaptive drafts what one target step costs (policy.read_size).
-# Measured in docs/adaptive-drafting.md ("drafter context")
-DRAFTER_CONTEXT = 64
 
 
 def check_method(name, has_drafter: bool | None = None) -> str:
@@ -58,7 +53,7 @@ class DraftConfig:
     adaptive: bool = field(default=True, metadata=_help(
         "always draft --num-draft-tokens (default: adaptive, from measured costs)",
         flag="--fixed-k"))
-    drafter_context: int = field(default=DRAFTER_CONTEXT, metadata=_help(
+    drafter_context: int = field(default=SETTINGS.drafter_context, metadata=_help(
         "the drafter reads at most the prompt's last N tokens: cheaper on long prompts; "
         "adaptive drafting reads fewer, down to 16, where N cost more than a target step; "
         "0: all of it"))

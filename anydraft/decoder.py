@@ -22,10 +22,10 @@ from .config import DraftConfig, check_method, is_int, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
 from .hardware.profile import cached_curve
-from .methods.policy import Costs, Estimates
 from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
+from .planning.estimates import Costs, Estimates
 from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 
@@ -99,7 +99,7 @@ class Decoder:
                 )
         self.table = token_table(self.target.tokenizer)
         self.eos_ids = _eos_ids(self.target)
-        # what adaptive drafting learns about the pair, kept across requests (methods/policy.py),
+        # what adaptive drafting learns about the pair, kept across requests (anydraft/planning/),
         # from the target's cost curve where this machine measured it (hardware/profile.py)
         profile = cached_curve(target, self.target) if isinstance(target, str) else None
         self.estimates = Estimates(Costs(profile=profile or {}))

@@ -1,9 +1,9 @@
 """What a decoder learned about its pair, saved to a JSON file and seeded from one, so a new
 process (a restarted server, a new replica) starts warm instead of from the priors.
 
-The adaptive policy (methods/policy.py) learns per pair: acceptance per proposer (per draft
+The adaptive policy (anydraft/planning/) learns per pair: acceptance per proposer (per draft
 position), and what steps cost. Every running mean is saved as ``[total, weight]`` (its value
-is total / weight; both are discounted by `policy.FORGET` per observation and `policy.FADE`
+is total / weight; both are discounted by `Settings.forget` per observation and `Settings.fade`
 per idle step), so a seeded mean is the very mean that was saved: the next observation moves
 it exactly as it would have moved it in the process that wrote the file. For an acceptance
 position that pair reads as ``[accepted, reached]``, discounted counts::
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .atomic import write_text
 from .errors import AnydraftError
-from .methods.policy import Acceptance, Costs, Estimates, Mean
+from .planning.estimates import Acceptance, Costs, Estimates, Mean
 
 FORMAT, VERSION = "anydraft-stats", 1
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 
 from .config import DraftConfig
@@ -27,6 +28,11 @@ def logit_bias(text: str) -> dict[int, float]:
 
 _TYPES = {"int": int, "float": float, "str": str, "int | None": int,
           "tuple[tuple[int, float], ...]": logit_bias}
+
+
+def command_line(args) -> str:
+    """The command as typed (anydraft/cli.py `main` keeps its arguments in ``args.argv``)."""
+    return shlex.join(["anydraft", *args.argv])
 
 
 def _add(parser: argparse.ArgumentParser, title: str, defaults, skip: tuple[str, ...]) -> None:

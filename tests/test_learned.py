@@ -11,7 +11,8 @@ import torch
 from anydraft import learned
 from anydraft.decoding.stats import Stats
 from anydraft.errors import AnydraftError
-from anydraft.methods.policy import Estimates, Measured, Policy
+from anydraft.planning.estimates import Estimates
+from anydraft.planning.policy import Measured, Policy
 
 
 def model(name: str) -> SimpleNamespace:

@@ -16,6 +16,8 @@ it; one above it means the inputs are off.
 
 from __future__ import annotations
 
+import statistics
+
 
 def expected_tokens_per_round(a: float, k: int) -> float:
     """(1 - a^(k+1)) / (1 - a): tokens one target pass commits (accepted drafts + its own)."""
@@ -91,3 +93,9 @@ def _check(a: float, k: int) -> None:
         raise ValueError(f"per-token acceptance a must be in [0, 1], got {a}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+
+
+def median(values):
+    """The median of ``values`` that are not None (None: there are none)."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None

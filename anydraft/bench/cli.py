@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import shlex
 import sys
 
-from ..options import add_draft_options, add_sampling_options, draft_config, sampling_params
+from ..options import (
+    add_draft_options,
+    add_sampling_options,
+    command_line,
+    draft_config,
+    sampling_params,
+)
 from ..sampling import SamplingParams
 from . import serve
 
@@ -113,11 +118,6 @@ def settings_from_args(args):
         max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=device, draft=draft,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, busy_cores=args.busy_cores)
-
-
-def command_line(args) -> str:
-    """The command as typed (`main` keeps its arguments in ``args.argv``)."""
-    return shlex.join(["anydraft", *args.argv])
 
 
 def cmd_bench(args) -> int:

@@ -12,6 +12,8 @@ per call adds to plain decoding's on the same prompt, divided by the tokens it d
 
 from __future__ import annotations
 
+from .bound import median
+
 
 def host_fields(stats: dict, ar_stats: dict) -> dict:
     """A bench row's host numbers from its run's and plain decoding's `Stats.as_dict`."""
@@ -32,7 +34,6 @@ def _ms(seconds: float | None) -> float | None:
 
 def host_lines(groups: dict) -> list[str]:
     """The summary's host table: ``groups`` is label -> rows (report.group_rows)."""
-    from .runner import median
 
     lines = ["## Host time (wall minus the models' calls)", "",
              "| method | host ms / target call | host ms / drafted token | host share of wall |",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AnydraftError
+from .processes import free_port, stop_process
 
 # the flags `make install` compiles llama-cpp-python with (Makefile: LLAMA_BUILD), so the two
 # builds run the same kernels: llama.cpp's AMX kernels crash on virtual machines (llama.cpp#20824)
@@ -145,8 +146,6 @@ class LlamaServer:
                  port: int | None = None):
         self.binary = binary or find_or_build()
         self.gguf, self.threads, self.context, self.parallel = gguf, threads, context, parallel
-        from .serve import free_port
-
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log
@@ -185,8 +184,6 @@ class LlamaServer:
         raise AnydraftError(f"llama-server did not answer /health within {START_TIMEOUT:.0f} s")
 
     def __exit__(self, *exc) -> None:
-        from .serve import stop_process
-
         if self.process is not None:
             stop_process(self.process, 10)
         self.process = None

@@ -10,9 +10,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from .bound import best_bound, per_token_acceptance
+from .bound import best_bound, median, per_token_acceptance
 from .host import host_lines, synthetic_models
-from .runner import backend_sides, label, median
+from .runner import backend_sides, label
 
 # speedup_vs_ar, decode_speedup_vs_ar (after the target's first call, which takes prefill_seconds),
 # cost_ratio and identical_to_ar compare with AR on the row's own target backend;

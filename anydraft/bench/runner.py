@@ -9,7 +9,6 @@ seconds (so its fields stay consistent with each other). Each model is loaded on
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -19,7 +18,7 @@ from ..errors import AnydraftError
 from ..hardware.profile import curve_of
 from ..models.backends import BACKENDS
 from ..sampling import SamplingParams
-from .bound import best_bound, cost_ratio, per_token_acceptance, verify_costs
+from .bound import best_bound, cost_ratio, median, per_token_acceptance, verify_costs
 from .busy import busy_cores
 from .busy import note as busy_note
 from .host import host_fields
@@ -108,8 +107,9 @@ def backends_for(backends: list[str], dtype, role: str) -> list[str]:
 def resolve_backends(backends: list[str], spec: str, role: str, dtype, device: str, progress) -> list[str]:
     """The backends with "auto" replaced by what it chooses for ``spec`` in ``role``."""
     from ..hardware.profile import choose_backend
+    from ..models.backends import load
 
-    chosen = [choose_backend(spec, role, dtype or "auto", device, progress)[0] if b == "auto" else b
+    chosen = [choose_backend(spec, role, dtype or "auto", device, progress, load=load)[0] if b == "auto" else b
               for b in backends]
     return list(dict.fromkeys(chosen))
 
@@ -465,7 +465,3 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
         rows.append(row)
     return rows
 
-
-def median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None

@@ -22,6 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import command_line
+from .processes import free_port, stop_process
+
 HELP = """Benchmark `anydraft serve` under concurrent load: one server process per
 configuration, closed-loop streaming clients (or Poisson arrivals with --rate) at each
 --concurrency. Writes results.json (every request, and per level throughput and p50/p99 of
@@ -186,14 +189,6 @@ def llama_server_command(args, port: int) -> list[str]:
 
 
 # -- one server -----------------------------------------------------------------------------
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServerProcess:
     """`anydraft serve` in a subprocess, its output in ``log_path``."""
 
@@ -247,19 +242,6 @@ class ServerProcess:
     def stop(self) -> None:
         stop_process(self.proc, 15)
         self._log.close()
-
-
-def stop_process(proc, grace: float) -> None:
-    """SIGTERM ``proc`` if it still runs, then SIGKILL after ``grace`` seconds without an exit."""
-    import subprocess
-
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # -- the clients ----------------------------------------------------------------------------
@@ -678,7 +660,6 @@ def cmd_bench_serve(args) -> int:
 
     from ..errors import AnydraftError
     from ..models.loading import resolve, resolve_device
-    from .cli import command_line
     from .datasets import load_dataset
     from .report import machine_info
     from .runner import Progress

@@ -1,4 +1,4 @@
-"""Vocabulary bridge: the only place that knows two tokenizers differ (see DESIGN.md)."""
+"""Vocabulary bridge: the only place that knows two tokenizers differ (docs/architecture.md)."""
 
 from .intersection import VocabIntersection, intersect
 from .report import format_pair_report, pair_report

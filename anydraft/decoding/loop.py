@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..hardware.profile import MIN_READ
 from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
 from ..models.threads import host_threads
 from ..sampling import SamplingParams
 from .logprobs import TokenLogprob
 from .stats import Stats
-from .step import step
+from .step import RowStep, step
 from .text import TextAssembler
 
 
@@ -67,7 +66,7 @@ class DecodeState:
             self.stats.prefill_seconds += seconds
         self.stats.target_calls += 1
 
-    def account_read(self, seconds: float) -> None:
+    def account_prefill(self, seconds: float) -> None:
         """Count ``seconds`` spent reading the prompt (in a call shared with other rows: the
         time this sequence waited for it)."""
         self.stats.phase_seconds["target"] += seconds
@@ -132,7 +131,6 @@ class Generation:
         self.generated = 0
         self.done = False
         self.error: Exception | None = None  # what ended it, where it failed (`fail`)
-        self._drafted = 0  # the state's drafted count before the step `ready` allowed
         self._start = self._stepped = time.perf_counter()
         self._steps: list[dict] = []  # steps not yet handed out by `piece`
         self.logprobs: list[TokenLogprob] = []  # of every kept token, where asked for
@@ -177,24 +175,22 @@ class Generation:
             self.finish.reason = reason
         else:
             state.budget = self.max_new_tokens - self.generated
-            self._drafted = state.stats.drafted
             self._stepped = time.perf_counter()
             return True
         self.close()
         self.done = True
         return False
 
-    def absorb(self, new: list[int], n_accepted: int) -> list[int]:
+    def absorb(self, result: RowStep) -> list[int]:
         """Commit what a step produced up to the first stop condition; the tokens kept.
 
         Tokens after a stop condition within one step are discarded (the target saw them only
         as unverified candidates, or as tokens nobody asked for). Each token's origin goes to
-        the text: an accepted candidate is its proposer's (the row's last choice: "draft" or
-        "copy"), the step's last token the target's own."""
+        the text: an accepted candidate is its proposer's ("draft" or "copy"), the step's last
+        token the target's own."""
+        new, n_accepted, offered, proposer = result.tokens, result.accepted, result.offered, result.proposer
         assert new, f"method {self.method.name} committed nothing"
         stats, kept = self.state.stats, []
-        offered = stats.drafted - self._drafted  # draft tokens the step offered the target
-        proposer = self.row.proposed
         for i, token in enumerate(new[: self.max_new_tokens - self.generated]):
             kept.append(token)
             if token in self.eos_ids:
@@ -276,14 +272,15 @@ class Batch:
     generations that joined since the last one, then runs ONE step of every unfinished
     generation, in which the rows whose targets are rows of one `BatchSession` are scored in
     one target call (`step.step`). A joining prompt is read at once while nothing else decodes;
-    otherwise a part of it rides in each step's call (`step.read_budget`), so that it does not
-    stall the others. A generation whose own work fails ends alone (`Generation.fail`, reported
+    otherwise a part of it rides in each step's call (planning/call.py `prefill`), so that it
+    does not stall the others. A generation whose own work fails ends alone (`Generation.fail`, reported
     done); only a failure of a shared call raises from `run_once`. A generation joins whenever it likes and leaves as soon as it finishes or
-    is cancelled; its target row is freed then. ``min_read``: the fewest prompt tokens a step
-    reads for joining generations (`step.read_budget`)."""
+    is cancelled; its target row is freed then. ``min_prefill``: the fewest prompt tokens a step
+    reads for joining generations (default `Settings.min_prefill`; planning/call.py
+    `prefill_budget`)."""
 
-    def __init__(self, min_read: int = MIN_READ):
-        self.min_read = min_read
+    def __init__(self, min_prefill: int | None = None):
+        self.min_prefill = min_prefill
         self.joining: list[Generation] = []
         self.active: list[Generation] = []
 
@@ -307,12 +304,12 @@ class Batch:
         news += [(g, True) for g in self.active if not _alone(g, g.ready)]
         self.active = [g for g in self.active if g.row is not None and not g.done]
         if self.active:
-            results = step([g.row for g in self.active], [g.state for g in self.joining], self.min_read)
+            results = step([g.row for g in self.active], [g.state for g in self.joining], self.min_prefill)
             for g, result in zip(self.active, results, strict=True):
                 if isinstance(result, Exception):
                     g.fail(result)
                 else:
-                    _alone(g, g.absorb, *result)
+                    _alone(g, g.absorb, result)
                 news.append((g, not _alone(g, g.ready)))  # finished: reported now, not a step later
             self.active = [g for g in self.active if not g.done]
         for g, done in news:

@@ -1,5 +1,5 @@
 """`anydraft doctor --batch`: the cost of one batched target call against the one-sequence curve
-(issue 21, docs/batching-plan.md section 8, step 8 of section 9).
+(issue 21; docs/hardware.md).
 
 `--max-batch auto` (server/workers.py) and the batch-aware policy price a call of B rows x q
 new tokens as the one-sequence curve's T(B x q) (profile.py): the linear layers do the same
@@ -23,6 +23,7 @@ from ..atomic import write_text
 from ..bench.bound import cost_at
 from ..errors import AnydraftError
 from ..models import catalog
+from ..planning.settings import SETTINGS
 from . import profile
 from .machine import Machine, this_machine
 
@@ -97,7 +98,7 @@ def measure(batch, rows=ROWS, tokens=TOKENS, width: int | None = None, context: 
 
 
 def summarize(calls: dict[tuple[int, int], float], curve: dict[int, float], batches: bool = True,
-              limit: int = profile.MAX_AUTO_BATCH) -> dict:
+              limit: int = SETTINGS.max_auto_batch) -> dict:
     """The report's numbers from measured ``calls`` ({(B, q): seconds}, holding (1, 1)) and the
     one-sequence ``curve`` ({M: seconds}): per call, T(B x q) read off the curve (`cost_at`,
     extrapolated past its largest size) and the ratio; and ``--max-batch auto`` by the same

@@ -7,12 +7,14 @@ import sys
 
 from ..errors import AnydraftError
 from ..models import synthetic
+from ..models.backends import load
+from ..planning.settings import SETTINGS
 from . import profile
 from .machine import this_machine
 
 LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
 LLAMACPP_COPY = "llama.cpp copy"
-SERVER_ROWS = profile.MAX_AUTO_BATCH  # the most rows a server's target scores with `--max-batch auto`
+SERVER_ROWS = SETTINGS.max_auto_batch  # the most rows a server's target scores with `--max-batch auto`
 
 
 def copy_path(kind: str) -> str:
@@ -24,7 +26,7 @@ def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | 
     """The llama.cpp cost curve of a GGUF model (None when llama.cpp cannot run it here)."""
     if not profile.llamacpp_runs(spec):
         return None
-    return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
+    return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure, load=load)[0]["gguf"]
 
 
 def report(models: dict[str, str], device: str = "auto", progress=None, remeasure: bool = False,
@@ -40,7 +42,7 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
            "models": {}}
     for spec, role in models.items():
         curves = profile.curves(spec, "torch", profile.torch_paths(spec, device, compile), device,
-                                progress, remeasure)[0]
+                                progress, remeasure, load=load)[0]
         best, serving = profile.fastest(curves), profile.fastest(curves, SERVER_ROWS)
         paths = {f"torch {d}": c for d, c in curves.items()}
         llama = _llamacpp_curve(spec, remeasure, progress)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from ..atomic import write_text
 from ..models import catalog
+from ..models.loading import resolve
 from ..models.threads import cpu_ticks
+from ..planning.estimates import Acceptance
 from .machine import Machine, this_machine
 
 # tokens scored in one call: each size up to 5, where short drafts and small batches score and a
@@ -89,8 +91,6 @@ def save(model_key: str, curve: dict[int, float], machine: Machine | None = None
 
 
 def model_key(spec: str, backend: str, dtype: str, device: str) -> str:
-    from ..models.loading import resolve
-
     assert device in ("cpu", "cuda"), f"device {device!r} not resolved (resolve_device)"
     source = resolve(spec)
     return f"{source.cache_key or source.path}|{backend}|{dtype}|{device}"
@@ -100,20 +100,8 @@ def rate(curve: dict[int, float]) -> float:
     """Expected tokens per second of the curve's best step, plain or speculative, with the
     policy's prior acceptance (nothing measured about any drafter yet): rewards a flat curve
     and a fast plain step alike."""
-    from ..methods.policy import Acceptance
-
     prior = Acceptance()
     return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
-
-
-# a joining prompt's read may make the decoding rows' call cost this much more than a one-token
-# call (decoding/step.py `read_budget`)
-BATCH_LATENCY = 1.5
-MAX_AUTO_BATCH = 16  # the most rows `--max-batch auto` gives a worker
-# the fewest prompt tokens a batch's call reads for joining sequences, however full it is
-# (decoding/step.py `read_budget`; `anydraft serve --min-read`): a 256-token prompt joins
-# within 16 steps
-MIN_READ = 16
 
 
 def max_batch(costs: dict[int, float], limit: int) -> int:
@@ -211,13 +199,13 @@ def torch_paths(spec: str, device: str, compile: bool = False) -> tuple[str, ...
 
 
 def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu", progress=None,
-           remeasure: bool = False, rows: int = 1) -> tuple[dict, object]:
+           remeasure: bool = False, rows: int = 1, load=None) -> tuple[dict, object]:
     """``({path: curve}, the best path's LoadedModel or None)`` for ``spec`` on ``backend``:
     cached curves where there are any, the others measured one model at a time (a few models
     of a few GB each would not fit in memory together). The best model (`fastest` for
-    ``rows``) stays loaded when this call loaded it, so it is not loaded twice."""
-    from ..models.backends import load
-
+    ``rows``) stays loaded when this call loaded it, so it is not loaded twice. ``load``:
+    models/backends.py `load`, for the paths not cached (it is above this module: its
+    ``auto`` asks `choose_backend` and `choose_dtype`, which hand it on)."""
     found, keep = {}, None
     for path in paths:
         curve = None if remeasure else cached(model_key(spec, backend, path, device))
@@ -225,6 +213,7 @@ def curves(spec: str, backend: str, paths: tuple[str, ...], device: str = "cpu",
             found[path] = curve
             continue
         # the backend is given, and the path is its own ("gguf" names llama.cpp's curve)
+        assert load is not None, f"{spec} on {path} is not measured here: pass load"
         model = load(spec, backend, dtype=path, device=device, dtype_given=False)
         found.update(_measure_and_save(spec, backend, device, {path: model}, progress))
         if fastest(found, rows) == path:
@@ -259,12 +248,12 @@ def _measure_and_save(spec: str, backend: str, device: str, models: dict, progre
     return found
 
 
-def choose_dtype(spec: str, device: str = "cpu", progress=None, rows: int = 1):
+def choose_dtype(spec: str, device: str = "cpu", progress=None, rows: int = 1, load=None):
     """``(path, model or None, {path: curve})`` for ``dtype="auto"``: the dtype and kernels whose
     measured curve is worth the most (`worth`: expected tokens per second, or for a server of
     up to ``rows`` rows a call, throughput per unit of step latency). The model is returned
-    when the choice loaded it (so it is not loaded twice)."""
-    found, model = curves(spec, "torch", torch_paths(spec, device), device, progress, rows=rows)
+    when the choice loaded it (so it is not loaded twice). ``load``: as `curves` takes it."""
+    found, model = curves(spec, "torch", torch_paths(spec, device), device, progress, rows=rows, load=load)
     best = fastest(found, rows)
     if progress:
         progress(f"dtype auto: {spec} in {best}{_for(rows)} ({explain(found)})")
@@ -276,8 +265,6 @@ def llamacpp_runs(spec: str) -> bool:
     runs on the CPU, also beside torch models on CUDA: measured, it may still be the faster
     drafter there."""
     import importlib.util
-
-    from ..models.loading import resolve
 
     return importlib.util.find_spec("llama_cpp") is not None and resolve(spec).gguf_file is not None
 
@@ -294,21 +281,21 @@ def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float],
 
 
 def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", progress=None,
-                   rows: int = 1):
+                   rows: int = 1, load=None):
     """``(backend, dtype, model or None)`` for ``backend="auto"``: llama.cpp (the GGUF as it
     is, quantized) or PyTorch in ``dtype`` (``"auto"``: its best path), whichever the measured
     curves favour (`prefer_llamacpp`; a target for up to ``rows`` rows a call). The torch
-    model is returned when the choice loaded it."""
+    model is returned when the choice loaded it. ``load``: as `curves` takes it."""
     if not llamacpp_runs(spec):
         return "torch", dtype, None
     rows = rows if role == "target" else 1
     if dtype == "auto":
-        dtype, model, torch_curves = choose_dtype(spec, device, progress, rows)
+        dtype, model, torch_curves = choose_dtype(spec, device, progress, rows, load)
         torch_curve = torch_curves[dtype]
     else:
-        found, loaded = curves(spec, "torch", (dtype,), device, progress)
+        found, loaded = curves(spec, "torch", (dtype,), device, progress, load=load)
         torch_curve, model = found[dtype], (loaded.model if loaded is not None else None)
-    llama_curve = curves(spec, "llamacpp", ("gguf",), "cpu", progress)[0]["gguf"]
+    llama_curve = curves(spec, "llamacpp", ("gguf",), "cpu", progress, load=load)[0]["gguf"]
     llama = prefer_llamacpp(role, llama_curve, torch_curve, rows, dtype)
     if progress:
         progress(f"backend auto: {spec} as {role}{_for(rows)} on "

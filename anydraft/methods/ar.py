@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .policy import Estimates, Policy
+from ..planning.estimates import Estimates
+from ..planning.policy import Policy
 from .row import Row
 
 
@@ -11,7 +12,7 @@ class Autoregressive:
 
     def __init__(self, estimates: Estimates | None = None):
         # the decoder's: plain steps learn nothing, but a batch reads the target's cost curve
-        # in them (decoding/step.py `read_budget`)
+        # in them (planning/call.py `prefill_budget`)
         self.estimates = estimates if estimates is not None else Estimates()
 
     def start(self, state) -> Row:

@@ -25,13 +25,13 @@ from ..models.session import PREFILL_CHUNK, Session
 from ..sampling import first_max, sample
 
 
-def drive(drafting, feed: Callable[[list[int]], torch.Tensor]):
-    """Run a `Drafter.drafting` generator to its end, ``feed`` answering each of its feeds
+def drive(passes, feed: Callable[[list[int]], torch.Tensor]):
+    """Run a `Drafter.draft_passes` generator to its end, ``feed`` answering each of its feeds
     with the logits after them; what it returns."""
     try:
-        ids = next(drafting)
+        ids = next(passes)
         while True:
-            ids = drafting.send(feed(ids))
+            ids = passes.send(feed(ids))
     except StopIteration as end:
         return end.value
 
@@ -58,9 +58,9 @@ class Drafter:
                 stop_ids: frozenset[int] = frozenset(), read: int = 0,
                 ) -> tuple[list[int], list[torch.Tensor]]:
         """Draft up to ``k`` tokens on this drafter's own session; return them and the
-        distribution each was drawn from (`drafting`, which says how)."""
+        distribution each was drawn from (`draft_passes`, which says how)."""
         with self.stats.timed("draft"):
-            return drive(self.drafting(k, to_probs, greedy, generator, confidence, stop_ids, read),
+            return drive(self.draft_passes(k, to_probs, greedy, generator, confidence, stop_ids, read),
                          self._feed)
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
@@ -69,13 +69,13 @@ class Drafter:
         self.stats.drafter_model_seconds += time.perf_counter() - start
         return logits
 
-    def drafting(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
-                 greedy: bool, generator: torch.Generator, confidence: float,
-                 stop_ids: frozenset[int] = frozenset(), read: int = 0):
+    def draft_passes(self, k: int, to_probs: Callable[[torch.Tensor], torch.Tensor | None],
+                     greedy: bool, generator: torch.Generator, confidence: float,
+                     stop_ids: frozenset[int] = frozenset(), read: int = 0):
         """Draft up to ``k`` tokens, as a generator: it yields the ids to feed the drafter's
         session next and is sent the logits after them (`propose` feeds them one call at a
-        time; a batch of drafters, `step.draft_together`, feeds every row's in one call); it
-        returns the drafts and the distribution each was drawn from.
+        time; a batch of drafters, decoding/step.py `draft_together`, feeds every row's in one
+        call); it returns the drafts and the distribution each was drawn from.
 
         Before drafting, a backlog longer than ``read`` tokens (0: the drafter's context) is
         cut to its last ``read`` (`trim`). With ``cancel``, a backlog longer than a chunk (the
@@ -121,6 +121,11 @@ class Drafter:
             feed = [token]
         self.drafts = tokens
         return tokens, dists
+
+    @property
+    def batch(self):
+        """The drafter `BatchSession` its session is a row of (None: a session of its own)."""
+        return self.session.batch
 
     def _too_long(self, context: int) -> bool:
         return 0 < context < len(self.ids) - max(len(self.session), self.head)

@@ -21,7 +21,8 @@ the step's own random draws, so the mixture is as exact as each part.
 
 from __future__ import annotations
 
-from .policy import Estimates, Policy
+from ..planning.estimates import Estimates
+from ..planning.policy import Policy
 from .row import Row
 from .verify import Proposal, verify_exact
 
@@ -68,7 +69,7 @@ class PromptLookup:
             row = Row(state, Policy(self.max_k, self.adaptive, self.estimates, state.params.greedy))
         else:
             row = self.inner.start(state)
-        row.copying, row.policy.copies = self, True
+        row.copy_proposer, row.policy.copies = self, True
         return row
 
     def match(self, committed: list[int]) -> int:

@@ -8,18 +8,19 @@ from dataclasses import dataclass, field, replace
 
 from ..bridge import same_tokenizer, token_table
 from ..bridge.intersection import intersect
-from ..config import DRAFTER_CONTEXT
 from ..models.batch import RowView
 from ..models.session import Session
+from ..planning.cost import best
+from ..planning.estimates import Estimates
+from ..planning.policy import Policy
+from ..planning.settings import SETTINGS
 from .drafter import Drafter
-from .policy import Estimates, Policy, best
 from .row import Row
 from .verify import Proposal
 
 # drafter settings kept for the biased settings of recent generations (`drafter_params`): a
 # server's requests with the same bias share them; more than this many biases start afresh
 DRAFTER_PARAMS_KEPT = 64
-TRIAL_STEPS = 24  # drafting steps of each candidate method before `fastest` compares them
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Pairing:
     num_draft_tokens: int = 5  # k, or the largest k adaptive drafting may choose
     confidence: float = 0.0
     adaptive: bool = False
-    drafter_context: int = DRAFTER_CONTEXT  # backlog tokens (the drafter's) it reads; 0: all
+    drafter_context: int = SETTINGS.drafter_context  # backlog tokens (the drafter's) it reads; 0: all
     estimates: Estimates = field(default_factory=Estimates)  # what the pair's steps cost and earn
 
     @classmethod
@@ -43,11 +44,12 @@ class Pairing:
         bos = tok.bos_token_id
         probe = tok.encode("x", add_special_tokens=True)
         draft = decoder.draft
-        return cls(decoder.table, token_table(tok), decoder.target.logits_width,
-                   drafter.logits_width, drafter.new_session,
-                   [bos] if bos is not None and probe[:1] == [bos] else [],
-                   draft.num_draft_tokens, draft.draft_confidence, draft.adaptive,
-                   draft.drafter_context, decoder.estimates)
+        return cls(decoder.table, token_table(tok), target_vocab_size=decoder.target.logits_width,
+                   drafter_vocab_size=drafter.logits_width, new_drafter_session=drafter.new_session,
+                   drafter_bos=[bos] if bos is not None and probe[:1] == [bos] else [],
+                   num_draft_tokens=draft.num_draft_tokens, confidence=draft.draft_confidence,
+                   adaptive=draft.adaptive, drafter_context=draft.drafter_context,
+                   estimates=decoder.estimates)
 
     @functools.cached_property
     def same_tokenizer(self) -> bool:
@@ -101,7 +103,7 @@ class Pairing:
 
         With ``drafter_context`` > 0 it reads only the prompt's last ``drafter_context`` tokens
         (after its BOS, if any), and later backlogs likewise (`Drafter.propose`; adaptive
-        drafting may read fewer: `policy.read_size`): a long prompt costs the drafter less to
+        drafting may read fewer: planning/cost.py `read_size`): a long prompt costs the drafter less to
         read (llama.cpp reads ~3 ms a token here) for a slightly worse-informed draft.
         Lossless like any proposal."""
         prompt = list(state.committed)
@@ -114,8 +116,8 @@ class Pairing:
         rows = getattr(state, "drafter_rows", None)  # a test's bare state has none
         session = self.new_drafter_session() if rows is None else RowView(rows)
         return Drafter(session, self.drafter_table, head + body, state.stats,
-                       None if same_ids else self.target_table, len(head), self.drafter_context,
-                       state.cancel, self.drafter_vocab_size)
+                       target_table=None if same_ids else self.target_table, head=len(head),
+                       context=self.drafter_context, cancel=state.cancel, width=self.drafter_vocab_size)
 
     def start(self, state, proposer) -> Row:
         """One generation of a drafter method: its drafter, reading the prompt, and its policy
@@ -123,16 +125,16 @@ class Pairing:
         greedy = state.params.greedy
         policy = Policy(self.num_draft_tokens, self.adaptive, self.estimates, greedy,
                         self.estimates.of(proposer.name, greedy), context=self.drafter_context)
-        return Row(state, policy, proposer, self.new_drafter(state, proposer.same_ids))
+        return Row(state, policy, draft_proposer=proposer, drafter=self.new_drafter(state, proposer.same_ids))
 
     def fastest(self, candidates: tuple[str, ...], greedy: bool, budget: int) -> str:
         """The method expected to commit the most tokens per second on this pair, from what its
-        drafting steps measured so far. A candidate seen for fewer than TRIAL_STEPS drafting
+        drafting steps measured so far. A candidate seen for fewer than `Settings.trial_steps` drafting
         steps is tried first, in the order given (put the usual best first)."""
         rates = {}
         for method in candidates:
             acceptance = self.estimates.acceptance.get((method, greedy))
-            if acceptance is None or acceptance.steps < TRIAL_STEPS:
+            if acceptance is None or acceptance.steps < SETTINGS.trial_steps:
                 return method
             rates[method] = best(self.num_draft_tokens, self.estimates.costs, acceptance, budget=budget)[1]
         if None in rates.values():
@@ -143,7 +145,7 @@ class Pairing:
 class DrafterMethod:
     """A method that drafts with the drafter model (sd, slem, tli, slrs). It says what its
     drafter drafts with (``draft_args(state)``: the ``to_probs, greedy, generator,
-    confidence, stop_ids`` of `Drafter.drafting`) and what the drafts propose (``finish(state,
+    confidence, stop_ids`` of `Drafter.draft_passes`) and what the drafts propose (``finish(state,
     drafts, qs)``: a `Proposal`), so that the drafters of a batch can draft together
     (decoding/step.py)."""
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..planning.policy import Policy
 from .drafter import Drafter
-from .policy import Policy
 
 
 @dataclass
 class Row:
     state: object  # decoding.DecodeState: target session, committed tokens, sampling, stats
     policy: Policy  # chooses each step's proposer and draft length, learns from the step
-    drafting: object = None  # the drafter method's proposer (sd, slem, tli, slrs) or None
-    drafter: Drafter | None = None  # the drafter model and its cache (with `drafting`)
-    copying: object = None  # prompt lookup's proposer (lookup.PromptLookup) or None
-    proposed: str = "plain"  # the proposer of its latest step (whose candidates it accepted)
+    draft_proposer: object = None  # the drafter method proposing (sd, slem, tli, slrs) or None
+    drafter: Drafter | None = None  # the drafter model and its cache (`draft_proposer` drafts on it)
+    copy_proposer: object = None  # prompt lookup proposing (lookup.PromptLookup) or None
 
     def proposer(self, name: str):
         """The proposer a `Choice` names ("plain": the drafting one proposes nothing)."""
-        return self.copying if name == "copy" else self.drafting
+        return self.copy_proposer if name == "copy" else self.draft_proposer

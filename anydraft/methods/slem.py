@@ -16,8 +16,8 @@ import torch
 
 from ..bridge import UnspellableBytes
 from ..bridge.translate import continue_tokens, spellable
+from ..planning.cost import room
 from .pairing import DrafterMethod
-from .policy import room
 from .verify import Proposal, verify_exact
 
 

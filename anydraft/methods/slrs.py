@@ -61,9 +61,9 @@ import functools
 import numpy as np
 import torch
 
+from ..planning.cost import room
 from ..sampling import bernoulli, sample
 from .pairing import Pairing
-from .policy import room
 from .slem import StringLevelExactMatch
 from .verify import Proposal, sample_residual
 

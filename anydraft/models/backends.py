@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import AnydraftError
+from ..hardware import profile
 from . import llamacpp, synthetic
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve, resolve_device
 from .null import NullModel
@@ -176,9 +177,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         if dtype == AUTO:
             dtype = synthetic.default_dtype(device)
     if backend == AUTO and isinstance(spec, str):
-        from ..hardware.profile import choose_backend
-
-        backend, dtype, model = choose_backend(spec, role, dtype, device, progress, rows)
+        backend, dtype, model = profile.choose_backend(spec, role, dtype, device, progress, rows, load=load)
     if not isinstance(spec, str):
         if tokenizer is None:
             raise AnydraftError("a model object needs its tokenizer: pass tokenizer=... as well")
@@ -199,9 +198,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
         model = llamacpp.LlamaCppModel.load(source, progress=progress)
     else:
         if model is None and parse_dtype(dtype, allow_auto=True) == AUTO:
-            from ..hardware.profile import choose_dtype
-
-            dtype, model = choose_dtype(spec, device, progress, rows)[:2]
+            dtype, model = profile.choose_dtype(spec, device, progress, rows, load=load)[:2]
         if model is None:
             model = load_model(spec, dtype=dtype, device=device, progress=progress)
         check_rollback(model)  # at load, not at the first request

@@ -1,5 +1,5 @@
 """Many sequences in one model: the batch protocol that batched decoding builds on (issue 21,
-docs/batching-plan.md).
+docs/architecture.md).
 
 A `BatchSession` holds the KV caches of up to ``max_rows`` sequences (rows) of one model and
 scores new tokens of several rows in ONE model call, which is where batching gains: a call's

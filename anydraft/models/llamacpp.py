@@ -217,6 +217,8 @@ class _Context:
 class LlamaCppSession:
     """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
 
+    batch = None  # a sequence of its own
+
     def __init__(self, model: LlamaCppModel, context: _Context):
         self._lib, self._owner, self._context = model._lib, model, context
         self._ctx, self._memory, self._batch = context.ctx, context.memory, context.batch
@@ -280,7 +282,7 @@ class LlamaCppBatch:
     The KV cache is unified: one pool of ``cells`` tokens that every row draws from. llama.cpp's
     split cache would give each row ``cells / max_rows`` cells, and cut a batch into micro-batches
     holding the same number of tokens from each row (rows of 6, 1 and 3 tokens: several graph
-    evaluations, no gain; docs/batching-plan.md §4). The pool defaults to ``max_rows`` full
+    evaluations, no gain: llama.cpp's ``split_equal``, read in its source for issue 21). The pool defaults to ``max_rows`` full
     windows, the memory ``max_rows`` sessions would take (SmolLM2: 23 KB a token, 8 rows of 8192
     tokens 1.5 GB; Qwen2.5-1.5B 28 KB, 1.9 GB); a smaller pool serves rows that rarely fill
     their window, and a call that finds it full fails with a clear error, its rows unchanged.

@@ -9,6 +9,8 @@ The tokenizer is cached on its own, so bridge work never pays for the weights.
 from __future__ import annotations
 
 import functools
+import shutil
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +101,7 @@ def load_tokenizer(spec: str):
 
     source = resolve(spec)
     if synthetic.is_spec(spec):
-        return synthetic.tokenizer(spec)
+        return family_tokenizer(synthetic.parse(spec)[3]["tokenizer"])
     if source.gguf_file is not None:
         tok_dir = source.converted_dir / "tokenizer"
         if (tok_dir / "tokenizer_config.json").is_file():
@@ -222,7 +224,7 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
         if synthetic.parse(spec)[0] != "synthetic":
             raise AnydraftError(f"{spec!r} has no torch model (null models are loaded by "
                                 "models.backends.load): use synthetic:NAME for random weights")
-        model = synthetic.build(spec, torch_dtype, device)
+        model = synthetic.build(spec, load_tokenizer(spec), torch_dtype, device)
     else:
         model = _from_files(spec, source, torch_dtype, progress).to(device).eval()
     if kernel == "onednn":
@@ -236,3 +238,36 @@ def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):
     if progress:
         progress(f"loaded {spec} ({dtype}) in {time.perf_counter() - start:.1f} s")
     return model
+
+
+def family_tokenizer(family: str):
+    """The family's tokenizer: from the cache, else extracted from its catalog GGUF into it."""
+    from transformers import AutoTokenizer
+
+    where = synthetic.tokenizer_dir(family)
+    if not (where / "tokenizer_config.json").is_file():
+        model = synthetic.FAMILIES[family]
+        if not catalog.CATALOG[model].installed:
+            raise AnydraftError(
+                f"the {family} tokenizer of the synthetic models is not here: run `anydraft models "
+                f"install {model}` (its GGUF carries it), or unpack an archive of "
+                "`anydraft models export-tokenizers` into $ANYDRAFT_CACHE")
+        load_tokenizer(model).save_pretrained(where)
+    return AutoTokenizer.from_pretrained(where)
+
+
+def export_tokenizers(archive: Path, progress=print) -> Path:
+    """Every family's tokenizer (extracted first where needed) packed into ``archive``
+    (.tar.xz: Gemma-3's 262,144 tokens are 33 MB as JSON, a few MB packed), to unpack into
+    ``$ANYDRAFT_CACHE`` on a machine without the catalog (scripts/gpu_check.sh does)."""
+    archive = Path(archive)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    for family in synthetic.FAMILIES:
+        family_tokenizer(family)
+        progress(f"{family}: {synthetic.tokenizer_dir(family)}")
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w:xz") as tar:
+        for family in synthetic.FAMILIES:
+            tar.add(synthetic.tokenizer_dir(family), arcname=f"synthetic-tokenizers/{family}")
+    shutil.move(partial, archive)
+    return archive

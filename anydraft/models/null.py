@@ -73,6 +73,8 @@ class NullModel:
 class NullSession:
     """A `Session` (models/session.py) of a `NullModel`."""
 
+    batch = None  # a sequence of its own
+
     def __init__(self, model: NullModel):
         self.model, self.vocab_size, self.max_length = model, model.vocab_size, model.max_length
         self._length = 0

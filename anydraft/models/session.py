@@ -8,6 +8,10 @@ cache) fits without touching the layers above:
   i.e. the next-token distributions at positions ``len - rows + 1 .. len`` after the call.
 - ``rollback(n)``: forget every position ``>= n``.
 - ``len(session)``: number of positions in the cache.
+
+A session also says whether it is a row of a batch: ``batch`` is the `BatchSession` it is a row
+of (models/batch.py `RowView`, with ``row`` its row there), or None for a sequence of its own.
+A decoding step scores the rows of one batch in one call (planning/call.py `calls`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .threads import on_model_threads
 class Session(Protocol):
     vocab_size: int  # width of a logits row (may exceed the tokenizer's vocabulary: padding)
     max_length: int  # context window in tokens
+    batch: object  # the BatchSession this session is a row of, or None
 
     def __len__(self) -> int: ...
 
@@ -57,6 +62,8 @@ class HFSession:
     rollback after the window has been passed impossible. Full layers keep every position; the
     model still applies its sliding-window attention mask.
     """
+
+    batch = None  # a sequence of its own
 
     def __init__(self, model):
         from transformers import DynamicCache

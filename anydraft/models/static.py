@@ -78,6 +78,8 @@ class CompiledModel:
 class StaticSession:
     """A `Session` (models/session.py) over a `CompiledModel`'s static cache."""
 
+    batch = None  # a sequence of its own
+
     def __init__(self, compiled: CompiledModel):
         from transformers import StaticCache
 

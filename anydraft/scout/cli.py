@@ -157,10 +157,10 @@ def row_json(r: dict) -> dict:
 def cmd_scout(args) -> int:
     from pathlib import Path
 
-    from ..bench.cli import command_line
     from ..bench.datasets import load_dataset
     from ..bench.report import machine_info
     from ..hardware import this_machine
+    from ..options import command_line
     from . import saved
     from .rank import ranked
     from .run import Scout

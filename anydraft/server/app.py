@@ -20,7 +20,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -37,14 +36,13 @@ from starlette.requests import ClientDisconnect
 
 from ..config import override
 from ..errors import AnydraftError
-from ..hardware.profile import MIN_READ
+from ..planning.settings import SETTINGS
 from ..sampling import SamplingParams
-from .cli import is_loopback
-from .connections import ALWAYS, Connections
+from .connections import ALWAYS, Connections, is_loopback
 from .metrics import Metrics
 from .scheduler import DecodingFailed, Job, QueueFull, Scheduler, SchedulerClosed, fair_share
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .workers import save_stats
+from .workers import public_name, save_stats
 
 log = logging.getLogger("anydraft.server")
 
@@ -81,7 +79,7 @@ class ServerConfig:
     max_queue: int = 64
     max_queued_per_client: int | None = None  # None: scheduler.fair_share(max_queue)
     max_batch: int = 1  # generations each worker runs together (continuous batching)
-    min_read: int = MIN_READ  # the fewest prompt tokens a batch's step reads for joining requests
+    min_read: int = SETTINGS.min_prefill  # the fewest prompt tokens a batch's step reads for joining requests
     max_body_bytes: int = 2 * 2**20
     body_timeout: float = 30.0  # seconds to receive a whole request body (slow uploads: 408)
     request_timeout: float | None = None  # wall-clock seconds per request, from its arrival
@@ -101,15 +99,6 @@ class ServerConfig:
     head_timeout: float = 5.0  # seconds a connection has to send a complete request head
     # --allow-special-in-content: special tokens typed in messages act as control tokens
     allow_special_in_content: bool = False
-
-
-def public_name(name: str | None) -> str | None:
-    """A model name fit to show to clients: a local path becomes its last component."""
-    if not name:
-        return name
-    if os.path.isabs(name) or name.startswith(("~", ".")) or os.path.exists(name):
-        return Path(name).name or name
-    return name
 
 
 def client_of(scope, trusted_proxies) -> str:

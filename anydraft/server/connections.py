@@ -111,3 +111,12 @@ class Connections:
                 super().connection_lost(exc)
 
         return Bounded
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False

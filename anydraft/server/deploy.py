@@ -28,6 +28,8 @@ import sys
 from ray import serve
 
 from ..errors import AnydraftError
+from ..planning.settings import SETTINGS
+from .options import add_serve_options, autoscale_range, check_serve_args, server_config
 
 APP_NAME = "anydraft"  # the Serve application's name, and the deployment's
 REPLICA_HEADER = "x-anydraft-replica"  # each response names the replica that answered it
@@ -43,11 +45,9 @@ def serve_args(options: dict) -> argparse.Namespace:
     """`anydraft serve`'s parsed options from keywords: ``target="DIR", fixed_k=True,
     max_concurrency=2`` (a flag's name with '_' for '-'; True for a switch; a list for a
     comma-separated option). Parsed by the command's own parser: same defaults, same checks."""
-    from .cli import check_serve_args, register
-
-    parser = _Parser(prog="anydraft")
-    register(parser.add_subparsers())
-    argv = ["serve"]
+    parser = _Parser(prog="anydraft serve")
+    add_serve_options(parser)
+    argv = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -80,7 +80,6 @@ def llamacpp_threads_as_reserved() -> None:
 @serve.ingress()  # the app is built per replica, after __init__: __serve_build_asgi_app__
 class AnydraftReplica:
     def __init__(self, options: dict, metrics_port: int | None = None):
-        from .cli import server_config
         from .workers import build_workers
 
         args = argparse.Namespace(**options)
@@ -167,15 +166,13 @@ def app(**options):
 def bind(args: argparse.Namespace, api_key: str | None, replicas=None, autoscale=None,
          replica_cpus=None, replica_gpus=None, metrics_port=None):
     """The deployment of parsed `anydraft serve` options, bound (see `app`)."""
-    from .cli import autoscale_range
-    from .workers import MAX_AUTO_BATCH
 
     if replicas is not None and autoscale is not None:
         raise AnydraftError("give replicas or autoscale, not both")
     if replicas is not None and int(replicas) < 1:
         raise AnydraftError(f"replicas must be at least 1, got {replicas}")
     # requests a replica takes at once: its rows at work and its own fair queue
-    rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else MAX_AUTO_BATCH)
+    rows = args.max_concurrency * (args.max_batch if args.max_batch != "auto" else SETTINGS.max_auto_batch)
     deployment = {"max_ongoing_requests": rows + args.max_queue}
     if autoscale is not None:
         low, high = (autoscale_range(autoscale) if isinstance(autoscale, str)

@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..hardware.profile import MIN_READ
+from ..planning.settings import SETTINGS
 
 log = logging.getLogger("anydraft.server")
 
@@ -93,7 +93,7 @@ class Job:
 
 class Scheduler:
     def __init__(self, decoders: list, max_queue: int, max_per_client: int | None = None,
-                 max_batch: int = 1, min_read: int = MIN_READ):
+                 max_batch: int = 1, min_read: int = SETTINGS.min_prefill):
         if not decoders:
             raise ValueError("need at least one decoder")
         if max_batch < 1:

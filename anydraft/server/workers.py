@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import ctypes
 import os
+from pathlib import Path
 
-from ..hardware.profile import MAX_AUTO_BATCH
+from ..planning.settings import SETTINGS
 
 
 def build_decoders(args) -> list:
@@ -16,7 +17,6 @@ def build_decoders(args) -> list:
     Model names are shown without local paths (`public_name`)."""
     from ..decoder import Decoder
     from ..options import decoder_options
-    from .app import public_name
 
     first = Decoder(**decoder_options(args), rows=target_rows(args))
     # names appear in error messages sent to clients: no local paths in them
@@ -107,7 +107,7 @@ def target_rows(args) -> int:
     the most ``auto`` takes, 1 with several workers (they would share the cores)."""
     if args.max_batch != "auto":
         return args.max_batch
-    return 1 if args.max_concurrency > 1 else MAX_AUTO_BATCH
+    return 1 if args.max_concurrency > 1 else SETTINGS.max_auto_batch
 
 
 def choose_max_batch(decoder, args) -> int:
@@ -127,3 +127,12 @@ def choose_max_batch(decoder, args) -> int:
     from ..options import progress
 
     return max_batch(curve_of(args.target, target, target.backend, progress=progress), rows)
+
+
+def public_name(name: str | None) -> str | None:
+    """A model name fit to show to clients: a local path becomes its last component."""
+    if not name:
+        return name
+    if os.path.isabs(name) or name.startswith(("~", ".")) or os.path.exists(name):
+        return Path(name).name or name
+    return name

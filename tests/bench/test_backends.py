@@ -51,7 +51,7 @@ def test_auto_backends_resolve_per_model_and_role(monkeypatch):
 
     seen = []
 
-    def choose(spec, role, dtype, device, progress):
+    def choose(spec, role, dtype, device, progress, load=None):
         seen.append((spec, role))
         return ("llamacpp" if role == "target" else "torch"), dtype, None
 

@@ -140,9 +140,9 @@ def test_at_most_max_batch_rows_and_the_next_joins_as_one_leaves(decoders, metho
 
 
 def test_a_joining_prompt_rides_in_the_calls_of_the_rows_decoding(decoders, monkeypatch):
-    """While a row decodes, a joining prompt is read inside its calls, `read_budget` tokens at
-    a time, never in a call of its own that the row would wait for; the outputs stay exact."""
-    from anydraft.decoding import step as step_module
+    """While a row decodes, a joining prompt is read inside its calls, `prefill_budget` tokens
+    at a time, never in a call of its own that the row would wait for; the outputs stay exact."""
+    from anydraft.planning import call as call_module
 
     decoder = decoders["ar"]
     prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]  # the long prompt joins when the first leaves
@@ -150,7 +150,7 @@ def test_a_joining_prompt_rides_in_the_calls_of_the_rows_decoding(decoders, monk
     sizes: list[dict[int, int]] = []
 
     monkeypatch.setattr(decoder.target, "new_batch", lambda n: Sizes(sizes, decoder.target.new_session, n))
-    monkeypatch.setattr(step_module, "read_budget", lambda curve, tokens, min_read: 16)
+    monkeypatch.setattr(call_module, "prefill_budget", lambda curve, tokens, min_prefill: 16)
     outs = decoder.generate_batch(prompts, 30, chat=False, stop=[stop], max_batch=2)
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == decoder.generate(prompt, 30, chat=False, stop=[stop]).token_ids
@@ -162,20 +162,21 @@ def test_a_joining_prompt_rides_in_the_calls_of_the_rows_decoding(decoders, monk
     assert sum(s.get(0) == 16 for s in sizes[first:last + 1]) >= 2
 
 
-def test_read_budget_follows_the_cost_curve():
-    from anydraft.decoding.step import MIN_READ, read_budget
+def test_prefill_budget_follows_the_cost_curve():
     from anydraft.models.session import PREFILL_CHUNK
+    from anydraft.planning.call import prefill_budget
+    from anydraft.planning.settings import SETTINGS
 
-    assert read_budget(None, 4) == PREFILL_CHUNK  # nothing measured: a whole chunk
-    assert read_budget(lambda n: 1.0, 4) == PREFILL_CHUNK  # flat: a chunk rides for free
+    assert prefill_budget(None, 4) == PREFILL_CHUNK  # nothing measured: a whole chunk
+    assert prefill_budget(lambda n: 1.0, 4) == PREFILL_CHUNK  # flat: a chunk rides for free
     # 1.5 x T(1) = 1.515 s holds 51 tokens: 47 beside the step's 4
-    assert read_budget(lambda n: 1.0 + 0.01 * n, 4) == 47
-    assert read_budget(lambda n: 0.2 + 0.02 * n, 4) == MIN_READ  # steep: the floor
-    assert read_budget(lambda n: 0.2 + 0.02 * n, 4, min_read=4) == 4  # `anydraft serve --min-read`
+    assert prefill_budget(lambda n: 1.0 + 0.01 * n, 4) == 47
+    assert prefill_budget(lambda n: 0.2 + 0.02 * n, 4) == SETTINGS.min_prefill  # steep: the floor
+    assert prefill_budget(lambda n: 0.2 + 0.02 * n, 4, min_prefill=4) == 4  # `anydraft serve --min-read`
 
 
-def test_a_batchs_min_read_reaches_every_step(decoders, monkeypatch):
-    """`Batch(min_read)` (the server's ``--min-read``) is the floor of every step's prompt
+def test_a_batchs_min_prefill_reaches_every_step(decoders, monkeypatch):
+    """`Batch(min_prefill)` (the server's ``--min-read``) is the floor of every step's prompt
     reads: a joining prompt beside a decoding row is read that many tokens a call on a steep
     curve, and the outputs stay exact."""
     from anydraft.decoding import Batch
@@ -186,7 +187,7 @@ def test_a_batchs_min_read_reaches_every_step(decoders, monkeypatch):
     steep = {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)}  # every token costs a call: the floor
     monkeypatch.setattr(decoder.estimates.costs, "profile", steep)
     rows = Rows(Sizes(sizes, decoder.target.new_session, 2), None)
-    batch = Batch(min_read=5)
+    batch = Batch(min_prefill=5)
     first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
     batch.join(first)
     batch.run_once()  # alone: its prompt is read at once, and it decodes
@@ -217,7 +218,7 @@ def test_rows_drafting_together_are_measured_with_the_calls_backlog(decoders, mo
     measured as reading the call's whole backlog, so a row whose own backlog was one token does
     not take the others' reading for the price of a pass (it priced drafting 5x too dear)."""
     import anydraft.decoding.step as step_module
-    from anydraft.methods.policy import Policy
+    from anydraft.planning.policy import Policy
 
     seen, observed = [], []
     draft_together, observe = step_module.draft_together, Policy.observe
@@ -247,18 +248,22 @@ def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch, co
     read's worth (at most the drafter's context, 64 tokens), each at least PROBE_READ, so
     that more readers than it holds take turns; outputs equal plain decoding alone."""
     import anydraft.decoding.step as step_module
-    from anydraft.methods.policy import PROBE_READ, Choice, Policy
+    from anydraft.planning import call as call_module
+    from anydraft.planning.policy import Choice, Policy
+    from anydraft.planning.settings import SETTINGS
+
+    PROBE_READ = SETTINGS.probe_read
 
     prompts = ["the quick brown fox jumps over the lazy dog " * 2] * copies + PROMPTS[1:3]
     alone = [decoders["ar"].generate(prompt, 16, chat=False).token_ids for prompt in prompts]
     # every row wants 2 drafts each step, whatever the timings say
     monkeypatch.setattr(Policy, "choose", lambda self, state, drafter=None, match=0: Choice(
         "draft", 2, 64, self.draft, True))
-    monkeypatch.setattr(step_module, "allocate", lambda bids: [bid.choice.k for bid in bids])
-    monkeypatch.setattr(step_module, "read_size", lambda costs, context: 64)  # a read's worth
-    monkeypatch.setattr(step_module, "EVIDENCE", 0.0)  # every row drafts from the first step
+    monkeypatch.setattr(call_module, "allocate", lambda bids: [bid.choice.k for bid in bids])
+    monkeypatch.setattr(call_module, "read_size", lambda costs, context: 64)  # a read's worth
+    monkeypatch.setattr(SETTINGS, "evidence", 0.0)  # every row drafts from the first step
     reads, readers = [], set()
-    choose = step_module._choose
+    choose = step_module.plan
 
     def spy(rows, groups):
         choices = choose(rows, groups)
@@ -268,7 +273,7 @@ def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch, co
         readers.update(id(row) for row, _ in long)
         return choices
 
-    monkeypatch.setattr(step_module, "_choose", spy)
+    monkeypatch.setattr(step_module, "plan", spy)
     outs = decoders["auto"].generate_batch(prompts, 16, chat=False)
     assert [out.token_ids for out in outs] == alone
     # three read at once, 64 // 3 tokens each; of seven, 64 // PROBE_READ = 4 read at once,
@@ -278,14 +283,16 @@ def test_drafters_of_one_call_share_their_prompt_reads(decoders, monkeypatch, co
 
 
 def test_rows_of_one_call_draft_one_at_a_time_on_little_evidence_and_wait_once():
-    """`_confirm`: while the pair's first-position acceptance rests on fewer than EVIDENCE
+    """`_confirm`: while the pair's first-position acceptance rests on fewer than `evidence`
     observations, one adaptive row of a call drafts (a probe's lucky drafts would otherwise
     have every row draft at once); with enough evidence, all keep their drafts; fixed draft
     lengths are never cut. `_wait_once`: rows that sat out count one step towards a probe."""
     from types import SimpleNamespace
 
-    import anydraft.decoding.step as step_module
-    from anydraft.methods.policy import Acceptance, Choice, Mean
+    from anydraft.planning import call as call_module
+    from anydraft.planning.estimates import Acceptance, Mean
+    from anydraft.planning.policy import Choice
+    from anydraft.planning.settings import SETTINGS
 
     def rows_choices(weight, adaptive=(True, True, True)):
         acc = Acceptance()
@@ -293,20 +300,20 @@ def test_rows_of_one_call_draft_one_at_a_time_on_little_evidence_and_wait_once()
         rows = [SimpleNamespace(policy=SimpleNamespace(adaptive=a)) for a in adaptive]
         return acc, rows, [Choice("draft", 4, 0, acc, True) for _ in rows]
 
-    acc, rows, choices = rows_choices(step_module.EVIDENCE / 2)
-    step_module._confirm(rows, choices, [0, 1, 2])
+    acc, rows, choices = rows_choices(SETTINGS.evidence / 2)
+    call_module._confirm(rows, choices, [0, 1, 2])
     assert [c.k for c in choices] == [4, 0, 0] and choices[1].waited == (acc,)
-    acc, rows, choices = rows_choices(step_module.EVIDENCE)
-    step_module._confirm(rows, choices, [0, 1, 2])
+    acc, rows, choices = rows_choices(SETTINGS.evidence)
+    call_module._confirm(rows, choices, [0, 1, 2])
     assert [c.k for c in choices] == [4, 4, 4]
     acc, rows, choices = rows_choices(0.0, adaptive=(True, False, True))
-    step_module._confirm(rows, choices, [0, 1, 2])
+    call_module._confirm(rows, choices, [0, 1, 2])
     assert [c.k for c in choices] == [4, 4, 0]
 
     other = Acceptance()
     choices = [Choice("plain", 0, waited=(acc,)), Choice("copy", 2, waited=(acc, other)),
                Choice("plain", 0, waited=(acc, other))]
-    step_module._wait_once(choices, [0, 1, 2])
+    call_module._wait_once(choices, [0, 1, 2])
     assert [c.waited for c in choices] == [(acc,), (other,), ()]
 
 

@@ -4,9 +4,11 @@ import pytest
 
 from anydraft import AnydraftError, Decoder
 from anydraft.methods import choose_auto
-from anydraft.methods.pairing import TRIAL_STEPS
-from anydraft.methods.policy import Mean
+from anydraft.planning.estimates import Mean
+from anydraft.planning.settings import Settings
 from tests.helpers import byte_tokenizer, tiny_llama
+
+TRIAL_STEPS = Settings.trial_steps
 
 
 class FakePairing:

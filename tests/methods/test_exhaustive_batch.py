@@ -1,4 +1,4 @@
-"""Two rows stepping together, by exhaustive enumeration (issue 21, docs/batching-plan.md 7).
+"""Two rows stepping together, by exhaustive enumeration (issue 21).
 
 One `Enumerator` drives both rows' draws, so every combination of them is taken with its exact
 probability. The rows' targets are rows of one `SerialBatch` (through `RowView`), so each step

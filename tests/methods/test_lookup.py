@@ -7,18 +7,14 @@ import pytest
 
 from anydraft.methods import StringLevelExactMatch, TokenLevelIntersection
 from anydraft.methods.lookup import MAX_NGRAM, MIN_NGRAM, NgramIndex, PromptLookup
-from anydraft.methods.policy import (
-    PROBE_SHARE,
-    Acceptance,
-    Costs,
-    Estimates,
-    Mean,
-    Measured,
-    Policy,
-    best,
-)
+from anydraft.planning.cost import best
+from anydraft.planning.estimates import Acceptance, Costs, Estimates, Mean
+from anydraft.planning.policy import Measured, Policy
+from anydraft.planning.settings import Settings
 from tests.methods.test_exhaustive import SETTINGS, assert_same_distribution, max_new
 from tests.methods.toys import params
+
+PROBE_SHARE = Settings.probe_share
 
 
 def brute_force_match(tokens, limit):

@@ -14,24 +14,14 @@ from anydraft.methods import (
     StringLevelRejectionSampling,
     TokenLevelIntersection,
 )
-from anydraft.methods.policy import (
-    PROBE_READ,
-    PROBE_SHARE,
-    Acceptance,
-    Bid,
-    Choice,
-    Costs,
-    Estimates,
-    Mean,
-    Measured,
-    Policy,
-    allocate,
-    best,
-    read_size,
-    room,
-)
+from anydraft.planning.cost import best, read_size, room
+from anydraft.planning.estimates import Acceptance, Costs, Estimates, Mean
+from anydraft.planning.policy import Bid, Choice, Measured, Policy, allocate
+from anydraft.planning.settings import Settings
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import params
+
+PROBE_READ, PROBE_SHARE = Settings.probe_read, Settings.probe_share
 
 
 def costs(target: dict, draft: float, read: float | None = None) -> Costs:
@@ -64,6 +54,8 @@ class FakeState:
 
 
 class FakeDrafter:
+    batch = None
+
     def __init__(self, behind):
         self.behind = behind
 
@@ -434,8 +426,8 @@ def test_one_probe_per_shared_call():
     call, the first row probes and the others sit the step out (their idle counts grow)."""
     from types import SimpleNamespace
 
-    from anydraft.decoding.step import _choose
     from anydraft.methods.row import Row
+    from anydraft.planning.call import Call, plan
 
     acc = acceptance(0.8)
 
@@ -449,11 +441,11 @@ def test_one_probe_per_shared_call():
             return Bid(choice, self.estimates.costs, fixed=True)
 
     rows = [Row(SimpleNamespace(committed=[1], pending=[1]), Probing()) for _ in range(3)]
-    first, *others = _choose(rows, [[0, 1, 2]])
+    first, *others = plan(rows, [Call([0, 1, 2])])
     assert first.probe and first.k == 5
     assert all(c.k == 0 and not c.probe for c in others)
     assert [acc in c.waited for c in others] == [True, False]  # the call's step counts once
-    assert _choose(rows[:1], [[0]])[0].probe  # alone, it probes
+    assert plan(rows[:1], [Call([0])])[0].probe  # alone, it probes
 
 
 @pytest.mark.parametrize("rows, context, reads, drafting", [
@@ -468,8 +460,8 @@ def test_long_drafter_reads_of_one_call_share_one_reads_worth(rows, context, rea
     token), each at least PROBE_READ, as many at once as that holds, the others plainly until
     their turn (``reads``: the last tokens each reads, 0 all). Whether a drafter reads its
     prompt or what was committed while it sat drafting out is all one."""
-    from anydraft.decoding.step import _choose
     from anydraft.methods.row import Row
+    from anydraft.planning.call import Call, plan
 
     c, acc = costs({1: 0.09, 6: 0.1}, 0.01, read=0.002), acceptance(0.9)
     acc.positions[0] = Mean(0.9, 10.0)  # well measured: every row may draft on it
@@ -478,7 +470,7 @@ def test_long_drafter_reads_of_one_call_share_one_reads_worth(rows, context, rea
         state = FakeState(budget=2000)
         state.stats.new_tokens, state.stats.drafter_calls, state.pending = 50, i % 2, [1]
         batch.append(Row(state, policy(c, acc, context=context), drafter=FakeDrafter(behind=100)))
-    choices = _choose(batch, [list(range(rows))])
+    choices = plan(batch, [Call(list(range(rows)))])
     assert [choice.read for choice in choices] == reads
     assert [choice.k > 0 for choice in choices] == [i < drafting for i in range(rows)]
 
@@ -556,9 +548,9 @@ def run_rows(rows, eos, steps=40, length=40) -> list[list[int]]:
         live = [i for i, row in enumerate(rows) if len(row.state.committed) < length and not eos & set(news[i])]
         for i in live:
             rows[i].state.budget = length - len(rows[i].state.committed)
-        for i, (new, _) in zip(live, step([rows[i] for i in live]) if live else [], strict=True):
-            rows[i].state.committed.extend(new)
-            news[i] += new
+        for i, result in zip(live, step([rows[i] for i in live]) if live else [], strict=True):
+            rows[i].state.committed.extend(result.tokens)
+            news[i] += result.tokens
     return news
 
 
@@ -585,9 +577,9 @@ def test_rows_of_a_call_keep_their_output_under_any_allocation(toys, method, mon
     output the target's own, as plain decoding of the same rows gives it."""
     import random
 
-    from anydraft.decoding import step as step_module
     from anydraft.methods.ar import Autoregressive
     from anydraft.methods.lookup import PromptLookup
+    from anydraft.planning import call as call_module
 
     def make(pairing):
         if method == "lookup":  # with a drafter: copies and drafts
@@ -603,7 +595,7 @@ def test_rows_of_a_call_keep_their_output_under_any_allocation(toys, method, mon
         cuts.extend(b.choice.k for b in bids)
         return [rng.randint(0, b.choice.k) for b in bids]
 
-    monkeypatch.setattr(step_module, "allocate", allocate)
+    monkeypatch.setattr(call_module, "allocate", allocate)
     drafted = toy_rows(toys, make, prompts, dict(temperature=0.0))[0]
     plain = toy_rows(toys, lambda pairing: Autoregressive(), prompts, dict(temperature=0.0))[0]
     eos = toys.target_table.eos_ids

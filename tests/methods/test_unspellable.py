@@ -58,6 +58,8 @@ def test_the_draft_is_cut_at_the_first_unspellable_byte(tables, method, temperat
 class Biased:
     """A drafter session whose every third row makes `<0x04>` its argmax."""
 
+    batch = None
+
     def __init__(self, session, token):
         self.session, self.token, self.rows = session, token, 0
         self.vocab_size, self.max_length = session.vocab_size, session.max_length

@@ -65,6 +65,8 @@ def toy_tokenizer(vocab, merges, specials=("<eos>",), added=(), bos=None):
 class ToySession:
     """A `Session` whose next-token logits are a hash of the ids so far (float64)."""
 
+    batch = None
+
     def __init__(self, vocab_size: int, salt: str, scale: float = 2.0, max_length: int = 64):
         self.vocab_size = vocab_size
         self.salt = salt

@@ -61,7 +61,7 @@ def test_auto_reaches_the_profile_resolved(gpu, monkeypatch):
     tok = byte_tokenizer()
     seen = []
 
-    def choose_dtype(spec, device, progress, rows=1):
+    def choose_dtype(spec, device, progress, rows=1, load=None):
         seen.append(device)
         return "float32", tiny_llama(len(tok)), {}
 

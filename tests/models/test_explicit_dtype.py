@@ -7,7 +7,7 @@ import pytest
 from anydraft import AnydraftError, Decoder
 from anydraft.cli import main
 from anydraft.hardware import profile
-from anydraft.models.backends import backend_for
+from anydraft.models.backends import backend_for, load
 from tests.conftest import require_model
 from tests.helpers import save_tiny_pair
 
@@ -55,7 +55,7 @@ def test_the_drafters_own_dtype_chooses_its_backend_the_targets_does_not(tmp_pat
     target, drafter = save_tiny_pair(tmp_path)
     asked = []
 
-    def choose_backend(spec, role, dtype, device, progress, rows):
+    def choose_backend(spec, role, dtype, device, progress, rows, load=None):
         asked.append((role, dtype))
         return "torch", dtype, None
 
@@ -106,7 +106,8 @@ def test_the_llamacpp_curve_still_loads_its_model(monkeypatch):
     require_llamacpp()
     monkeypatch.setattr(profile, "measure", lambda models: {p: {1: 0.01} for p in models})
     monkeypatch.setattr(profile, "busy", lambda: True)  # nothing cached
-    found, _ = profile.curves(require_model("smollm2-135m"), "llamacpp", ("gguf",), "cpu", remeasure=True)
+    found, _ = profile.curves(require_model("smollm2-135m"), "llamacpp", ("gguf",), "cpu", remeasure=True,
+                              load=load)
     assert found == {"gguf": {1: 0.01}}
 
 

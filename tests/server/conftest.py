@@ -97,6 +97,8 @@ class SlowSession:
     model on a slow CPU), records what it reads, and can answer only ``force`` (e.g. a special
     token: steps that show no text) or fail on its ``fail_at``-th call (a backend error)."""
 
+    batch = None
+
     def __init__(self, inner, per_call=0.0, per_token=0.0, force=None, fail_at=None, log=None):
         self.inner, self.per_call, self.per_token = inner, per_call, per_token
         self.force, self.fail_at, self.calls = force, fail_at, 0

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from anydraft.planning.settings import SETTINGS
 from tests.server.conftest import MODEL_ID, wait_for
 
 PROMPTS = ["the quick brown fox", "hello", "a much longer prompt than the others, " * 8,
@@ -120,7 +121,7 @@ def test_the_target_path_is_chosen_for_the_rows_the_server_may_batch(monkeypatch
     from anydraft.server import workers
 
     args = SimpleNamespace(max_batch="auto", max_concurrency=1)
-    assert workers.target_rows(args) == workers.MAX_AUTO_BATCH
+    assert workers.target_rows(args) == SETTINGS.max_auto_batch
     assert workers.target_rows(SimpleNamespace(max_batch=4, max_concurrency=1)) == 4
     assert workers.target_rows(SimpleNamespace(max_batch="auto", max_concurrency=2)) == 1
     # as `choose_max_batch`: a --max-batch given is each worker's rows, however many workers
@@ -138,7 +139,7 @@ def test_the_target_path_is_chosen_for_the_rows_the_server_may_batch(monkeypatch
     monkeypatch.setattr("anydraft.options.decoder_options", lambda a: {})
     with pytest.raises(Stop):
         workers.build_decoders(args)
-    assert seen == [workers.MAX_AUTO_BATCH]
+    assert seen == [SETTINGS.max_auto_batch]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from anydraft.decoding import Batch, DecodeState, Finish, Generation, TextAssembler
+from anydraft.decoding.step import RowStep
 from anydraft.sampling import SamplingParams
 from tests.server.conftest import API_KEY
 from tests.server_process import MODEL_ID, Server
@@ -32,16 +33,14 @@ def fake_generation(stops=(), max_new_tokens=50) -> Generation:
     state = DecodeState(SimpleNamespace(max_length=100), [9], SamplingParams(), torch.Generator())
     text = TextAssembler(TOKENS, frozenset({5}), stops)
     g = Generation(state, SimpleNamespace(name="fake"), max_new_tokens, frozenset({5}), text, Finish())
-    g.row = SimpleNamespace(proposed="plain")
+    g.row = SimpleNamespace()
     return g
 
 
 def step(g: Generation, proposer: str, new: list[int], n_accepted: int) -> None:
     """One step of ``proposer`` that offered ``n_accepted + 1`` candidates (none: plain)."""
     assert g.ready()
-    g.row.proposed = proposer
-    g.state.stats.drafted += n_accepted + 1 if proposer != "plain" else 0
-    g.absorb(new, n_accepted)
+    g.absorb(RowStep(new, n_accepted, n_accepted + 1 if proposer != "plain" else 0, proposer))
 
 
 def test_a_token_takes_its_steps_origin_and_a_character_its_completing_token():

@@ -12,7 +12,7 @@ drafter. ``synthetic:NAME:tiny`` keeps the vocabulary and tokenizer but shrinks 
 ``null:NAME`` (models/null.py) has the same vocabulary and tokenizer and no model at all.
 
 The tokenizer is the family's own, read from a catalog GGUF (`FAMILIES`) and kept under
-``$ANYDRAFT_CACHE/synthetic-tokenizers/`` (`export_tokenizers` packs that folder for a machine
+``$ANYDRAFT_CACHE/synthetic-tokenizers/`` (models/loading.py `export_tokenizers` packs that folder for a machine
 without the catalog); a shape whose family no catalog model has gets another family's, and
 its config says so (``tokenizer_note``, shown by `describe`).
 """
@@ -22,8 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
-import tarfile
 import zlib
 from pathlib import Path
 
@@ -108,46 +106,6 @@ def tokenizer_dir(family: str) -> Path:
     return cache_dir() / "synthetic-tokenizers" / family
 
 
-def tokenizer_of_family(family: str):
-    """The family's tokenizer: from the cache, else extracted from its catalog GGUF into it."""
-    from transformers import AutoTokenizer
-
-    where = tokenizer_dir(family)
-    if not (where / "tokenizer_config.json").is_file():
-        from .. import catalog
-        from ..loading import load_tokenizer
-
-        model = FAMILIES[family]
-        if not catalog.CATALOG[model].installed:
-            raise AnydraftError(
-                f"the {family} tokenizer of the synthetic models is not here: run `anydraft models "
-                f"install {model}` (its GGUF carries it), or unpack an archive of "
-                "`anydraft models export-tokenizers` into $ANYDRAFT_CACHE")
-        load_tokenizer(model).save_pretrained(where)
-    return AutoTokenizer.from_pretrained(where)
-
-
-def tokenizer(spec: str):
-    return tokenizer_of_family(parse(spec)[3]["tokenizer"])
-
-
-def export_tokenizers(archive: Path, progress=print) -> Path:
-    """Every family's tokenizer (extracted first where needed) packed into ``archive``
-    (.tar.xz: Gemma-3's 262,144 tokens are 33 MB as JSON, a few MB packed), to unpack into
-    ``$ANYDRAFT_CACHE`` on a machine without the catalog (scripts/gpu_check.sh does)."""
-    archive = Path(archive)
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    for family in FAMILIES:
-        tokenizer_of_family(family)
-        progress(f"{family}: {tokenizer_dir(family)}")
-    partial = archive.with_name(archive.name + ".partial")
-    with tarfile.open(partial, "w:xz") as tar:
-        for family in FAMILIES:
-            tar.add(tokenizer_dir(family), arcname=f"synthetic-tokenizers/{family}")
-    shutil.move(partial, archive)
-    return archive
-
-
 def seed(spec: str) -> int:
     """The seed of a spec's weights: its name's, so a target and its drafter differ."""
     return zlib.crc32(spec.encode())
@@ -157,13 +115,13 @@ def default_dtype(device: str) -> str:
     return AUTO_DTYPE["cuda" if str(device).startswith("cuda") else "cpu"]
 
 
-def build(spec: str, dtype, device: str):
-    """``spec``'s model in eval mode, its random weights drawn on ``device`` in ``dtype``."""
+def build(spec: str, tok, dtype, device: str):
+    """``spec``'s model in eval mode, its random weights drawn on ``device`` in ``dtype``;
+    ``tok``: its tokenizer (models/loading.py `load_tokenizer`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = config_dict(spec)
-    tok = tokenizer(spec)
     config |= {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
                "pad_token_id": tok.pad_token_id}
     config = AutoConfig.for_model(**config)

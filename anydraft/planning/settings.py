@@ -1,0 +1,77 @@
+"""Every tuning constant of the planning, each once, with why it has its value and where that
+was measured. None of them changes what is sampled (every method is lossless for any plan):
+they change only how fast.
+
+Code reads them from `SETTINGS` at the time of use, so a test may patch one attribute
+(``monkeypatch.setattr(SETTINGS, "evidence", 0.0)``) and every rule sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Settings:
+    # -- what the estimates remember (planning/estimates.py) -----------------------------------
+    # weight kept by older steps per new observation: ~10 steps of memory, fast enough to follow
+    # a request's change of topic (docs/adaptive-drafting.md, "the policy today")
+    forget: float = 0.9
+    # weight kept by the drafter's estimates per step that does not run it, so a probe after a
+    # transient slowdown replaces stale numbers (docs/adaptive-drafting.md, rule 4)
+    fade: float = 0.95
+    # a_i before position i was ever reached: a neutral guess replaced within a few steps
+    prior_acceptance: float = 0.5
+    # before any backlog read was measured, a backlog token is priced at this share of a drafter
+    # pass (one pass reads many tokens for little more than one; replaced by the first read timed)
+    first_read_share: float = 1 / 16
+    # a backlog this short (the last step's own tokens) rides along with the first drafter pass
+    # for free: pricing it as a read made a drafting step look dear
+    free_read: int = 2
+    # a fitted cost line never reaches zero (a zero-cost step would win every comparison)
+    min_seconds: float = 1e-6
+    # the target cost curve's straight line counts as this many calls at each size seen: a size
+    # seen once sits halfway between its time and the line, one seen often at its own
+    # (docs/adaptive-drafting.md, rule 9: llama.cpp's bent curve)
+    shrink: float = 1.0
+    # a cost curve measured on this machine (hardware/profile.py) counts as this many of the
+    # pair's own target calls, all its sizes together: it shapes the first steps and has faded
+    # after ~20 calls (docs/adaptive-drafting.md, "the policy today")
+    profile_weight: float = 1.0
+
+    # -- when the drafter is re-measured (planning/cost.py `probe_due`) ------------------------
+    # what a probe may waste, as a share of the steps without the drafter before it: probes came
+    # rarely enough and still revived a drafter stopped for good (docs/adaptive-drafting.md, rule 4)
+    probe_share: float = 0.02
+    # backlog tokens a probe reads, and the fewest an adaptive draft reads: reading 64 first cost
+    # more than a probe's 5 passes (docs/adaptive-drafting.md, rule 5)
+    probe_read: int = 16
+
+    # -- the rows of one shared target call (planning/call.py) ---------------------------------
+    # observations of a pair's first draft position before more than one row of a call drafts
+    # on them: one lucky probe had every row of a call draft long at once, steps several times
+    # a plain one (docs/benchmarks-history.md, batching)
+    evidence: float = 3.0
+    # a joining prompt's read may make the decoding rows' call cost this much more than a
+    # one-token call: p99 inter-token latency under load (docs/benchmarks-history.md, batching)
+    batch_latency: float = 1.5
+    # the fewest prompt tokens a batch's call reads for joining sequences, however full it is
+    # (`anydraft serve --min-read`): a 256-token prompt joins within 16 steps
+    # (docs/benchmarks-history.md, serve-min-read)
+    min_prefill: int = 16
+
+    # -- settings a request or a server starts from --------------------------------------------
+    # the most backlog tokens (the prompt, at first) the drafter reads before drafting
+    # (`DraftConfig.drafter_context`): a long prompt read whole kept a slow-reading drafter idle,
+    # and the prompt's end informs a draft most (docs/adaptive-drafting.md, rules 2 and 6)
+    drafter_context: int = 64
+    # drafting steps of each candidate method before ``auto`` compares them (methods/pairing.py
+    # `Pairing.fastest`): Qwen-0.5B <- SmolLM2 settled on slrs within it
+    # (docs/adaptive-drafting.md, "the policy today")
+    trial_steps: int = 24
+    # the most rows `--max-batch auto` gives a server worker (server/workers.py); the knee of the
+    # measured curves lies below it on the machines measured (docs/server.md)
+    max_auto_batch: int = 16
+
+
+SETTINGS = Settings()
