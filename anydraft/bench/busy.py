@@ -16,6 +16,8 @@ import subprocess
 import sys
 from contextlib import contextmanager
 
+from .processes import stop_process
+
 # what each busy process runs: pure Python arithmetic, no memory traffic to speak of
 SPIN = "while True: pass"
 STOP_GRACE = 2.0  # seconds a spinner gets to end after SIGTERM before SIGKILL
@@ -24,8 +26,6 @@ STOP_GRACE = 2.0  # seconds a spinner gets to end after SIGTERM before SIGKILL
 @contextmanager
 def busy_cores(n: int):
     """``n`` busy-spinning processes while inside (none for 0); their pids are yielded."""
-    from .serve import stop_process
-
     procs = []
     try:
         for _ in range(n):
