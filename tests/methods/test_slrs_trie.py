@@ -6,7 +6,7 @@ import pytest
 
 from anydraft.bridge import token_table
 from anydraft.methods.slrs import LINEAR_CHILDREN, ByteTrie
-from anydraft.models import synthetic
+from anydraft.models.loading import load_tokenizer
 from tests.models.test_synthetic import require_tokenizers
 
 
@@ -15,7 +15,7 @@ def test_child_spans_are_the_spans_of_each_next_byte(spec):
     """`ByteTrie.child_spans` cuts a prefix's span by its next byte (counted or searched):
     the same ranges as searching the whole trie for prefix + b, for every b."""
     require_tokenizers(spec)
-    trie = ByteTrie(token_table(synthetic.tokenizer(spec)))
+    trie = ByteTrie(token_table(load_tokenizer(spec)))
     rng = random.Random(0)
     prefixes = {b"", b" ", b"\xff", b"\xef\xbf", b" the", b"e"}
     prefixes |= {trie.keys[rng.randrange(len(trie.keys))][:n] for n in (1, 2, 3) for _ in range(40)}
