@@ -13,7 +13,7 @@ def load_over(monkeypatch, cpus: int, other_ticks: list[int], own_seconds: float
     ticks = os.sysconf("SC_CLK_TCK")
     clock, counters = [100.0], [(0, 0, 0)]
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat: counters[0])
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat, niced: counters[0])
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     load = threads.Load()
     clock[0] += 1.0
@@ -35,7 +35,7 @@ def test_the_load_is_read_at_most_every_interval(tmp_path, monkeypatch):
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     assert threads.Load(str(tmp_path / "missing")).free_cores() == 2  # no /proc: all free
     load = threads.Load()
-    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat: 1 / 0)  # not read so soon
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat, niced: 1 / 0)  # not read so soon
     assert load.free_cores() == 2
 
 
@@ -71,3 +71,16 @@ def test_llamacpp_threads_follow_the_free_cores_unless_set(monkeypatch):
     assert threads.llamacpp_threads() == 1
     monkeypatch.setenv("ANYDRAFT_LLAMACPP_THREADS", "3")
     assert threads.llamacpp_threads() == 3
+
+
+def test_niced_work_leaves_the_cores_free_to_a_process_that_is_not_niced(tmp_path, monkeypatch):
+    # user nice system idle iowait irq softirq steal: cpu0 spent 100 ticks on niced work, cpu1 50 on
+    # user work; this process used 20 ticks
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 10 100 5 300 7 0 0 0\ncpu1 50 0 0 400 0 0 0 0\n")
+    monkeypatch.setattr(threads, "open", lambda path: open(stat) if path == str(stat) else
+                        __import__("io").StringIO("1 (x) S " + "0 " * 10 + "15 5 0"), raising=False)
+    total, busy, own = threads.cpu_ticks([0, 1], str(stat), niced=True)
+    assert (total, busy, own) == (872, 165, 20)
+    assert threads.cpu_ticks([0, 1], str(stat), niced=False)[1] == 65
+    assert threads.cpu_ticks([1], str(stat), niced=False)[:2] == (450, 50)
