@@ -32,12 +32,12 @@ from contextlib import contextmanager
 
 # seconds between two readings of the load (a reading costs ~50 us; loads come and go in seconds)
 READ_EVERY = 0.5
-# a core counts as taken once other processes used this share of one over the last reading: a
-# busy-spinning process takes ~1.0, a quiet machine's daemons a few hundredths. Low, because a
-# wrong guess costs far more one way: Qwen2.5-1.5B's one-token llama.cpp call on 2 threads took
-# 3x its time on one (295 against 100 ms, a median) on 2 cores that other work kept partly busy,
-# where a second free core would have saved at most half
-TAKEN_SHARE = 0.1
+# a core counts as taken once other processes used this share of one over the last reading.
+# Qwen2.5-1.5B's one-token llama.cpp call on 2 cores of an AMD Zen 5 (ms, 2 threads / 1 thread)
+# beside an un-niced process busy 100% of the time: 53-61 / 41; 50%: 42 / 41; 20%: 33 / 41;
+# 10%: 32 / 41 (a one-off script, 2026-12-04). Past half a core, the second thread waits for
+# its turn more than it helps; below, it still saves a quarter of the step
+TAKEN_SHARE = 0.5
 
 
 def cpu_ticks(cpus: list[int] | None = None, stat: str = "/proc/stat",

@@ -28,7 +28,8 @@ def test_a_core_another_process_keeps_busy_is_not_free(monkeypatch):
     assert load_over(monkeypatch, 2, [ticks, 0], 1.0) == 1  # a spinner on one
     assert load_over(monkeypatch, 2, [ticks, ticks], 0.0) == 1  # never fewer than one
     assert load_over(monkeypatch, 4, [ticks // 20, 0, 0, 0], 2.0) == 4  # a daemon's crumbs
-    assert load_over(monkeypatch, 4, [ticks // 5, 0, 0, 0], 2.0) == 3  # a fifth of one
+    assert load_over(monkeypatch, 4, [ticks // 5, 0, 0, 0], 2.0) == 4  # a fifth of one: still ours
+    assert load_over(monkeypatch, 4, [ticks * 3 // 5, 0, 0, 0], 2.0) == 3  # most of one
 
 
 def test_the_load_is_read_at_most_every_interval(tmp_path, monkeypatch):
