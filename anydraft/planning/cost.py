@@ -6,7 +6,8 @@ expectation, m = r k candidates (with one constant a this is Leviathan et al., "
 from Transformers via Speculative Decoding", ICML 2023, eq. 1), and costs
 ``k d + T(p + m) + o + read``: its drafter passes, the target call scoring its p pending tokens
 and the candidates, the rest of the step, and its drafter's backlog read, paid once for the
-tokens still wanted. A plain step (k = 0) costs ``T(p) + o_plain``. `terms` prices one row;
+tokens still wanted. A plain step (k = 0) costs ``T(p) + o_plain``. A step with candidates is
+priced as committing `Settings.min_gain` fewer of them than expected. `terms` prices one row;
 `rate` prices any number of rows sharing one call, whose terms add up (a single row is a call
 of one). Symbols: planning/estimates.py.
 """
@@ -43,6 +44,8 @@ def terms(k: int, costs: Costs, acc: Acceptance | None, *, free: bool = False, b
     draft = 0.0 if free else costs.draft.value or 0.0
     m = acc.ratio.value * k
     expected = acc.expected_tokens(m)
+    if k:  # a draft must beat a plain step by a margin: the estimates it wins on are noisy
+        expected /= 1 + SETTINGS.min_gain
     if not k or free:
         return Terms(expected, k * draft, costs.plain_overhead.value, 0.0, pending + m)
     read = costs.read_seconds(backlog) * expected / max(budget, 1)

@@ -63,6 +63,7 @@ class Costs:
     # fading as the pair's own calls are observed (`add_target`)
     profile: dict = field(default_factory=dict)
     profile_weight: float = field(default_factory=lambda: SETTINGS.profile_weight)
+    _curve: tuple | None = field(default=None, repr=False, compare=False)  # (inputs, fitted curve)
 
     def add_target(self, n: int, seconds: float) -> None:
         """A target call that scored ``n`` tokens took ``seconds``: the profile counts less."""
@@ -81,6 +82,14 @@ class Costs:
         batch of rows shares its call as the hardware allows."""
         points = [(m, mean.value, mean.weight) for m, mean in self.target.items()]
         profile = [(m, seconds, self.profile_weight) for m, seconds in self.profile.items()]
+        # a step asks several times while nothing changed: fitted once per change of its inputs
+        key = (points, profile, SETTINGS.shrink)
+        if self._curve is not None and self._curve[0] == key:
+            return self._curve[1]
+        self._curve = (key, self._fit(points, profile))
+        return self._curve[1]
+
+    def _fit(self, points: list[tuple], profile: list[tuple]):
         if not points and not profile:
             return None
         line, slope = _line(points + [(m, v, w / len(profile)) for m, v, w in profile])

@@ -39,6 +39,14 @@ class Settings:
     # after ~20 calls (docs/adaptive-drafting.md, "the policy today")
     profile_weight: float = 1.0
 
+    # a step with candidates is priced as committing this share fewer tokens than expected
+    # (cost.py `terms`): the choice among estimates that all carry noise favours the ones that
+    # came out high, so a draft predicted to win by a hair loses on average. Qwen2.5-1.5B <-
+    # SmolLM2 on llama.cpp on a 2-core Zen 5 (verifying 2 tokens ~1.6-1.9 plain steps): drafts
+    # predicted to win by a few percent cost auto 3-16% against plain decoding in math and
+    # coding (docs/llama-server.md); where drafting pays (GPUs, flat curves) it pays by far more
+    min_gain: float = 0.05
+
     # -- when the drafter is re-measured (planning/cost.py `probe_due`) ------------------------
     # what a probe may waste, as a share of the steps without the drafter before it: probes came
     # rarely enough and still revived a drafter stopped for good (docs/adaptive-drafting.md, rule 4)

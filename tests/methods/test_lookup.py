@@ -58,7 +58,9 @@ def test_free_drafts_pay_on_a_flat_target_curve_and_not_on_a_steep_one():
     assert best_copy({1: 0.1, 6: 0.11}, 0.8)[0] == 5  # a flat curve
     assert best_copy({1: 0.03, 6: 0.18}, 0.3)[0] == 0  # n tokens cost n steps
     k, rate = best_copy({1: 0.1, 6: 0.11}, 0.8)
-    assert (k, rate) == (5, pytest.approx((1 + sum(0.8 ** i for i in range(1, 6))) / 0.11))
+    # priced with the margin a draft must win by (cost.py `terms`)
+    expected = (1 + sum(0.8 ** i for i in range(1, 6))) / (1 + Settings().min_gain)
+    assert (k, rate) == (5, pytest.approx(expected / 0.11))
 
 
 def test_copies_beating_an_idle_drafter_still_let_it_probe():

@@ -17,7 +17,7 @@ from anydraft.methods import (
 from anydraft.planning.cost import best, read_size, room
 from anydraft.planning.estimates import Acceptance, Costs, Estimates, Mean
 from anydraft.planning.policy import Bid, Choice, Measured, Policy, allocate
-from anydraft.planning.settings import Settings
+from anydraft.planning.settings import SETTINGS, Settings
 from tests.methods.test_exhaustive import PROMPT, assert_same_distribution
 from tests.methods.toys import params
 
@@ -359,6 +359,16 @@ def bids(c: Costs, acc: Acceptance, rows: int, k: int = 5) -> list[Bid]:
     return [Bid(Choice("draft", k, 0, acc, True), c) for _ in range(rows)]
 
 
+def test_a_draft_must_win_by_the_margin():
+    """A draft predicted to beat a plain step by less than `Settings.min_gain` is not taken
+    (its estimates' noise would make it lose on average); by more, it is."""
+    acc = acceptance(0.9)
+    # T(n) = 0.02 + 0.1 n: k = 1 commits 1.9 tokens in 0.221 s against 1 in 0.12 s, 3% more
+    assert best(5, costs({1: 0.12, 9: 0.92}, 0.001), acc)[0] == 0
+    # T(n) = 0.05 + 0.1 n: 1.9 in 0.251 s against 1 in 0.15 s, 13% more
+    assert best(5, costs({1: 0.15, 9: 0.95}, 0.001), acc)[0] > 0
+
+
 @given(t1=seconds, slope=st.floats(0.0, 0.3), d=st.floats(0.0001, 0.5), a=st.lists(share, min_size=1, max_size=6),
        overhead=st.floats(0.0, 0.3), plain=st.floats(0.0, 0.1), backlog=st.integers(0, 300),
        budget=st.integers(1, 500))
@@ -387,10 +397,12 @@ def test_rows_that_fill_the_call_draft_less():
 
 
 @pytest.mark.parametrize("rows", [2, 3, 8])
-def test_a_linear_curve_batches_plainly(rows):
+def test_a_linear_curve_batches_plainly(rows, monkeypatch):
     """A call that costs little besides its tokens (T(n) = 0.02 + 0.1 n): alone, a row with a
     cheap, well-accepted drafter drafts (the call's fixed cost, spread over more tokens);
-    a few rows already spread it, and draft nothing."""
+    a few rows already spread it, and draft nothing. (The single row gains 3%: below the
+    margin a draft must win by, which the next test covers; set aside here.)"""
+    monkeypatch.setattr(SETTINGS, "min_gain", 0.0)
     c, acc = costs({1: 0.12, 9: 0.92}, 0.001), acceptance(0.9)
     assert best(5, c, acc)[0] > 0 and allocate(bids(c, acc, 1)) == [best(5, c, acc)[0]]
     assert allocate(bids(c, acc, rows)) == [0] * rows
