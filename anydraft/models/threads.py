@@ -15,10 +15,12 @@ meets such a wait at every operation of every layer. So:
 
 Free cores are read from /proc/stat (the CPUs this process may run on, less the time this
 process itself used), at most every `READ_EVERY` seconds; elsewhere every core counts free.
-Niced processes' time does not count against a process that is not niced itself: the scheduler
-gives such a process's threads the core at once (Qwen2.5-1.5B's one-token llama.cpp call on 2
-cores: 29 ms quiet, 33 ms beside a `nice -n 19` spinner, 42 ms on one thread; beside the same
-spinner un-niced 53 ms), so a background job (a test run, a build) does not halve the threads.
+Niced processes' time does not count against a process that is not niced itself, where nice
+orders every process (Qwen2.5-1.5B's one-token llama.cpp call on 2 cores: 29 ms quiet, 33 ms
+beside a `nice -n 19` spinner, 42 ms on one thread; beside the same spinner un-niced 53 ms), so
+a background job does not halve the threads. Where the kernel groups processes by session
+(autogroup, on in most desktop distributions), nice orders only a session's own processes and
+a niced job from another terminal takes its share like any other: then it counts.
 """
 
 from __future__ import annotations
@@ -61,6 +63,20 @@ def cpu_ticks(cpus: list[int] | None = None, stat: str = "/proc/stat",
     return total, busy, int(own[11]) + int(own[12])  # utime + stime
 
 
+def niced_compete(autogroup: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:
+    """Whether other processes' niced time takes cores from this process: where it is niced
+    itself (its own time is then counted as nice, and niced work is its equal), or where the
+    scheduler shares the CPUs between sessions first (autogroup: seen on with niced test runs
+    of another session taking 1.4 of 2 cores beside a benchmark at nice 0)."""
+    if not hasattr(os, "getpriority") or os.getpriority(os.PRIO_PROCESS, 0) > 0:
+        return True
+    try:
+        with open(autogroup) as f:
+            return f.read().strip() == "1"
+    except OSError:  # no such setting: nice orders every process
+        return False
+
+
 class Load:
     """The cores other processes leave free, as /proc/stat said over the last reading."""
 
@@ -71,8 +87,7 @@ class Load:
         except AttributeError:  # no affinity on this platform
             self.cpus = list(range(os.cpu_count() or 1))
         self.free = len(self.cpus)
-        # a niced process's own time is counted as nice: then niced work is its equal
-        self.niced = os.getpriority(os.PRIO_PROCESS, 0) > 0 if hasattr(os, "getpriority") else True
+        self.niced = niced_compete()
         self._last = self._read()
         self._lock = threading.Lock()
 

@@ -85,3 +85,15 @@ def test_niced_work_leaves_the_cores_free_to_a_process_that_is_not_niced(tmp_pat
     assert (total, busy, own) == (872, 165, 20)
     assert threads.cpu_ticks([0, 1], str(stat), niced=False)[1] == 65
     assert threads.cpu_ticks([1], str(stat), niced=False)[:2] == (450, 50)
+
+
+def test_niced_work_counts_where_we_are_niced_or_sessions_share_first(tmp_path, monkeypatch):
+    on, off = tmp_path / "on", tmp_path / "off"
+    on.write_text("1\n")
+    off.write_text("0\n")
+    monkeypatch.setattr(threads.os, "getpriority", lambda which, who: 0)
+    assert threads.niced_compete(str(on)) is True  # autogroup: nice orders a session's own only
+    assert threads.niced_compete(str(off)) is False
+    assert threads.niced_compete(str(tmp_path / "missing")) is False
+    monkeypatch.setattr(threads.os, "getpriority", lambda which, who: 19)
+    assert threads.niced_compete(str(off)) is True  # our own time is counted as nice
