@@ -65,8 +65,9 @@ def options_of(state: ServerState, req, chat: bool) -> RequestOptions:
         max_tokens = min(config.default_max_tokens if chat else 16, window)
     try:
         return RequestOptions(max_tokens, sampling_of(req, state.decoder.target.logits_width),
-                              chat, req.stop_list, req.anydraft_method, req.top_alternatives,
-                              config.allow_special_in_content)
+                              chat=chat, stop=req.stop_list, method=req.anydraft_method,
+                              logprobs=req.top_alternatives,
+                              special_in_content=config.allow_special_in_content)
     except AnydraftError as exc:
         raise user_error(exc) from None
 

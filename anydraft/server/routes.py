@@ -9,6 +9,7 @@ without the key, and asks for the key itself to call the API.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -87,7 +88,7 @@ async def prometheus(request: Request):
 class Route(NamedTuple):
     path: str
     methods: tuple[str, ...]
-    handler: object
+    handler: Callable
     public: bool = False  # answered without the API key (nothing secret shows; /health only its status)
 
 
