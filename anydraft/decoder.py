@@ -6,19 +6,21 @@
     out.text, out.token_ids, out.stats
     for delta in dec.stream("Write a haiku"): print(delta, end="")
 
-Draft settings are a `DraftConfig` (``draft=``), sampling settings a `SamplingParams`
-(``sampling=``); keyword shortcuts (``method=``, ``num_draft_tokens=``, ``temperature=``, ...)
-override single fields of them.
+Draft settings are a `DraftConfig` (``draft=``), a request's settings a `RequestOptions`
+(anydraft/request.py: the keyword arguments `generate`, `stream`, `generate_batch` and `start`
+share), its sampling settings a `SamplingParams` (``sampling=``); keyword shortcuts
+(``method=``, ``num_draft_tokens=``, ``temperature=``, ...) override single fields of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 from . import methods
 from .bridge import token_table
 from .chat import chat_ids
-from .config import DraftConfig, check_method, is_int, override
+from .config import DraftConfig, check_method, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
 from .hardware.profile import cached_curve
@@ -26,7 +28,7 @@ from .models.backends import LoadedModel, backend_for, check_backend, check_targ
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
 from .planning.estimates import Costs, Estimates
-from .sampling import MAX_TOP_LOGPROBS, SamplingParams
+from .request import RequestOptions
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -177,103 +179,57 @@ class Decoder:
         return Rows(self.target.new_batch(max_rows), drafter.new_batch(max_rows) if batches else None)
 
     def start(self, prompt, max_new_tokens: int = 128, *, rows: Rows | None = None,
-              sampling: SamplingParams | None = None, chat: bool = True,
-              stop: str | Sequence[str] | None = None, method: str | None = None,
-              cancel: Callable[[], str | None] | None = None, special_in_content: bool = False,
-              logprobs: int | None = None, **shortcuts) -> Generation:
-        """One request, checked and ready to run in a `Batch` (the entry point of `stream`,
-        `generate_batch` and the server): `generate`'s arguments, plus ``rows``, the
-        batches (`new_rows`) whose rows the target and drafter run in (None: sessions of their
-        own), ``cancel``, asked between prompt chunks and before every step (a non-empty answer
-        ends generation with that string as the finish reason), and ``special_in_content``
-        (`prompt_ids`). Bad input raises here."""
-        params = override(sampling or SamplingParams(), **shortcuts)
-        return self.start_ids(self.prompt_ids(prompt, chat, special_in_content), max_new_tokens,
-                              rows=rows, sampling=params, stop=stop, method=method, cancel=cancel,
-                              logprobs=logprobs)
+              cancel: Callable[[], str | None] | None = None, **options) -> Generation:
+        """One request, checked and ready to run in a `Batch`: `generate`'s arguments, plus
+        ``rows``, the batches (`new_rows`) whose rows the target and drafter run in (None:
+        sessions of their own), and ``cancel``, asked between prompt chunks and before every
+        step (a non-empty answer ends generation with that string as the finish reason). Bad
+        input raises here."""
+        return self.start_request(prompt, RequestOptions.of(max_new_tokens, **options), rows=rows,
+                                  cancel=cancel)
 
-    def start_ids(self, ids: list[int], max_new_tokens: int = 128, *, rows: Rows | None = None,
-                  sampling: SamplingParams | None = None, stop: str | Sequence[str] | None = None,
-                  method: str | None = None, cancel: Callable[[], str | None] | None = None,
-                  eos_ids: frozenset[int] | None = None, generator=None,
-                  logprobs: int | None = None) -> Generation:
-        """`start` for a prompt given as token ids (`check_ids`), read as they are; ``eos_ids``
-        (None: the decoder's own) end generation, ``generator`` (None: one of ``sampling``'s)
-        draws every random choice, ``logprobs`` (`generate`'s)."""
-        method = self.draft.method if method is None else check_method(method, self.drafter is not None)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise AnydraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if stop is None:
-            stop = []
-        elif isinstance(stop, str):
-            stop = [stop]
-        if not all(isinstance(s, str) for s in stop):
-            raise AnydraftError("stop must be a string or a list of strings")
-        if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-            raise AnydraftError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} "
-                                f"(alternatives per token), got {logprobs!r}")
-        params = sampling or SamplingParams()
+    def start_request(self, prompt, request: RequestOptions, *, rows: Rows | None = None,
+                      cancel: Callable[[], str | None] | None = None) -> Generation:
+        """`start` with the options built (the entry point of `stream`, `generate_batch` and
+        the server)."""
+        ids = self.prompt_ids(prompt, request.chat, request.special_in_content)
+        return self.start_ids(ids, request, rows=rows, cancel=cancel)
+
+    def start_ids(self, ids: list[int], request: RequestOptions, *, rows: Rows | None = None,
+                  cancel: Callable[[], str | None] | None = None,
+                  eos_ids: frozenset[int] | None = None, generator=None) -> Generation:
+        """`start_request` for a prompt given as token ids (`check_ids`), read as they are
+        (``request.chat`` does not apply); ``eos_ids`` (None: the decoder's own) end
+        generation, ``generator`` (None: one of ``request.sampling``'s) draws every random
+        choice."""
+        method = self.draft.method if request.method is None else request.method
+        check_method(method, self.drafter is not None)
+        params = request.sampling
         params.check_vocabulary(self.target.logits_width)
         ids = self.check_ids(list(ids))
         session = self.target.new_session() if rows is None else RowView(rows.target)
         state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
                             drafter_rows=None if rows is None else rows.drafter,
-                            top_logprobs=logprobs)
-        text = TextAssembler(self.table.token_bytes, self.table.special_ids, stop)
-        return Generation(state, self._method_factory(method, params, max_new_tokens),
-                          max_new_tokens, self.eos_ids if eos_ids is None else eos_ids, text,
-                          Finish(), cancel)
+                            top_logprobs=request.logprobs)
+        text = TextAssembler(self.table.token_bytes, self.table.special_ids, request.stop)
+        max_new = request.max_new_tokens
+        return Generation(state, self._method_factory(method, params, max_new), max_new,
+                          self.eos_ids if eos_ids is None else eos_ids, text, Finish(), cancel)
 
-    def generate(
-        self,
-        prompt,
-        max_new_tokens: int = 128,
-        *,
-        sampling: SamplingParams | None = None,
-        chat: bool = True,
-        stop: str | Sequence[str] | None = None,
-        method: str | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-        logit_bias: dict[int, float] | None = None,
-        logprobs: int | None = None,
-    ) -> GenerationOutput:
-        """Generate a completion. ``sampling`` (default: greedy) with the shortcuts
-        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``logit_bias`` ({target
-        token id: bias in [-100, 100]}) overriding its fields; ``logprobs`` (None: none): the
-        output's ``logprobs`` has each token's log-probability under the target's processed
-        distribution and that many top alternatives (0..20), as plain decoding reports them;
-        ``method`` overrides the decoder's method for this call."""
-        stream = self.stream(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
-                             method=method, temperature=temperature, top_k=top_k, top_p=top_p,
-                             min_p=min_p, seed=seed, logit_bias=logit_bias, logprobs=logprobs)
+    def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationOutput:
+        """Generate a completion of ``prompt`` (a string, or with ``chat`` a list of messages).
+        ``options``: `RequestOptions`' fields (``sampling``, ``chat``, ``stop``, ``method``,
+        ``logprobs``, ``special_in_content``) and the sampling shortcuts ``temperature``,
+        ``top_k``, ``top_p``, ``min_p``, ``seed``, ``logit_bias`` (`RequestOptions.of`)."""
+        stream = self.stream(prompt, max_new_tokens, **options)
         for _ in stream:
             pass
         return stream.output
 
-    def generate_batch(
-        self,
-        prompts: Sequence,
-        max_new_tokens: int = 128,
-        *,
-        sampling: SamplingParams | None = None,
-        chat: bool = True,
-        stop: str | Sequence[str] | None = None,
-        method: str | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-        logit_bias: dict[int, float] | None = None,
-        max_batch: int | None = None,
-        n: int = 1,
-        logprobs: int | None = None,
-    ) -> list[GenerationOutput]:
-        """`generate` for each of ``prompts`` (the same settings for all), decoded together: each
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *,
+                       max_batch: int | None = None, n: int = 1,
+                       **options) -> list[GenerationOutput]:
+        """`generate` for each of ``prompts`` (the same ``options`` for all), decoded together: each
         step scores every unfinished prompt's candidates in one target call where the target's
         backend batches (models/batch.py; others run the rows one after another). At most
         ``max_batch`` prompts (None: all) decode at once; one that finishes leaves at once and
@@ -294,41 +250,23 @@ class Decoder:
             max_batch = len(runs)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise AnydraftError(f"max_batch must be a positive integer, got {max_batch!r}")
+        request = RequestOptions.of(max_new_tokens, **options)
         for prompt in prompts:  # every prompt checked before any is decoded
-            self.prompt_ids(prompt, chat)
-        params = override(sampling or SamplingParams(), temperature=temperature, top_k=top_k,
-                          top_p=top_p, min_p=min_p, seed=seed, logit_bias=logit_bias)
+            self.prompt_ids(prompt, request.chat, request.special_in_content)
         rows = self.new_rows(min(max_batch, len(runs)))
         batch, generations = Batch(), []
         while True:
             while len(batch) < max_batch and len(generations) < len(runs):
                 prompt, j = runs[len(generations)]
-                generations.append(self.start(prompt, max_new_tokens, rows=rows,
-                                              sampling=params.for_choice(j), chat=chat, stop=stop,
-                                              method=method, logprobs=logprobs))
+                choice = replace(request, sampling=request.sampling.for_choice(j))
+                generations.append(self.start_request(prompt, choice, rows=rows))
                 batch.join(generations[-1])
             if not batch:
                 return [g.result()[1] for g in generations]
             batch.run_once()
 
-    def stream(
-        self,
-        prompt,
-        max_new_tokens: int = 128,
-        *,
-        sampling: SamplingParams | None = None,
-        chat: bool = True,
-        stop: str | Sequence[str] | None = None,
-        method: str | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-        logit_bias: dict[int, float] | None = None,
-        logprobs: int | None = None,
-        cancel: Callable[[], str | None] | None = None,
-    ) -> TextStream:
+    def stream(self, prompt, max_new_tokens: int = 128, *,
+               cancel: Callable[[], str | None] | None = None, **options) -> TextStream:
         """Text deltas as tokens are committed (never splitting a UTF-8 character); the
         arguments are `generate`'s.
 
@@ -337,10 +275,7 @@ class Decoder:
         ``cancel`` (for servers) is asked between prompt chunks and before every step; a
         non-empty answer ends the stream with that string as the finish reason.
         """
-        return TextStream(self.start(prompt, max_new_tokens, sampling=sampling, chat=chat, stop=stop,
-                                     method=method, cancel=cancel, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                     logit_bias=logit_bias, logprobs=logprobs))
+        return TextStream(self.start(prompt, max_new_tokens, cancel=cancel, **options))
 
 
 class TextStream:

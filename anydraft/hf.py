@@ -27,6 +27,7 @@ from .config import DraftConfig
 from .decoder import Decoder
 from .decoding import Batch
 from .errors import AnydraftError
+from .request import RequestOptions
 from .sampling import MAX_SEED, SamplingParams
 
 # model keywords `generate` prepares for its own loop; anydraft's sessions keep their own cache
@@ -66,11 +67,11 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     pad = _ids(config._pad_token_tensor)
     stops = [_RowStop(stopping_criteria or (), input_ids[i].cpu()) for i in range(len(prompts))]
     rows = decoder.new_rows(len(prompts)) if len(prompts) > 1 else None
+    request = RequestOptions(max_new, params)
     batch, generations = Batch(), []
     for ids, stop in zip(prompts, stops, strict=True):
-        generations.append(decoder.start_ids(ids, max_new, rows=rows, sampling=params,
-                                             cancel=stop.cancel, eos_ids=frozenset(eos),
-                                             generator=row_generator()))
+        generations.append(decoder.start_ids(ids, request, rows=rows, cancel=stop.cancel,
+                                             eos_ids=frozenset(eos), generator=row_generator()))
         batch.join(generations[-1])
     outputs = _Outputs(generations, stops, pad, streamer)
     while batch:

@@ -54,8 +54,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # default would believe any X-Forwarded-For sent from 127.0.0.1
     # connections are bounded by the app's own protocol (connections.py), which keeps /health
     # answerable at the cap; uvicorn's limit_concurrency would refuse it too
-    shutdown.run(app, app.state.drain, host=args.host, port=args.port, log_level=args.log_level,
-                 proxy_headers=False, http=app.state.connections.protocol())
+    shutdown.run(app, app.state.server.drain, host=args.host, port=args.port, log_level=args.log_level,
+                 proxy_headers=False, http=app.state.server.connections.protocol())
     return 0
 
 

@@ -96,7 +96,7 @@ class AnydraftReplica:
         if self.metrics_port:  # this replica's own /metrics, for Prometheus to scrape directly
             from prometheus_client import start_http_server
 
-            start_http_server(self.metrics_port, registry=app.state.metrics.registry)
+            start_http_server(self.metrics_port, registry=app.state.server.metrics.registry)
         return _NameReplica(app, self.replica)
 
 

@@ -10,6 +10,7 @@ import os
 
 from ..options import add_draft_options, add_model_options
 from ..planning.settings import SETTINGS
+from .config import ServerConfig
 from .connections import is_loopback
 
 
@@ -142,7 +143,6 @@ def _proxies(args) -> tuple:
 
 def server_config(args: argparse.Namespace, max_batch: int, api_key: str | None, **extra):
     """The `ServerConfig` of the options (``extra``: more of its fields)."""
-    from .app import ServerConfig
     from .workers import public_name
 
     allowed_hosts = args.allowed_hosts

@@ -72,7 +72,6 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
-    checked_at: float = 0.0  # loop time of the handler's last check that the client is there
     deadline: float | None = None  # perf_counter time after which the generation stops
 
     def stop_reason(self) -> str | None:

@@ -34,7 +34,7 @@ class _Sampling(_Strict):
 
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP)
-    # sampling: only the types here; `SamplingParams` validates the values (server/app.py),
+    # sampling: only the types here; `SamplingParams` validates the values (generation.py),
     # except for OpenAI's own cap on the temperature
     temperature: float | None = Field(None, le=2)
     top_p: float | None = None

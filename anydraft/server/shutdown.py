@@ -2,7 +2,7 @@
 
 The first SIGTERM (or SIGINT) drains: the app stops taking requests (503 with Retry-After),
 lets the accepted ones finish for up to ``--shutdown-timeout`` seconds, then ends each one
-still open with an error event and ``[DONE]`` (`create_app`'s ``app.state.drain``); only then
+still open with an error event and ``[DONE]`` (`ServerState.drain`); only then
 does uvicorn's shutdown close the connections, which by then have nothing left to send. A
 second signal ends the process at once. Either way it exits 0: uvicorn re-raises a signal it
 caught once it has shut down, which made a clean drain exit as killed by SIGTERM.

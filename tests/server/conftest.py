@@ -177,7 +177,8 @@ def serve_in_thread(app, **uvicorn_options):
 @pytest.fixture
 def serve():
     """``serve(decoders, **ServerConfig fields)`` -> base URL of an in-process server."""
-    from anydraft.server.app import ServerConfig, create_app
+    from anydraft.server.app import create_app
+    from anydraft.server.config import ServerConfig
 
     with ExitStack() as stack:
         def start(decoders, uvicorn_options=None, **config):

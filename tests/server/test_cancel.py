@@ -77,7 +77,7 @@ def test_disconnect_during_prefill_frees_the_worker(make_decoder, serve):
     prompt = long_prompt(dec, 3500)  # 3.5 s of prefill or more, read in chunks
     for stream in (False, True):
         body = chat_body(prompt, max_tokens=4, stream=stream)
-        scheduler = serve.apps[-1].state.scheduler
+        scheduler = serve.apps[-1].state.server.scheduler
         assert _disconnect_and_time(base, scheduler, body, stream, after=0.8) < FREE_WITHIN
         assert 0 < sum(map(len, dec.sessions[-1].fed)) < 3000  # left while reading the prompt
 
@@ -88,7 +88,7 @@ def test_disconnect_during_steps_that_show_no_text_frees_the_worker(make_decoder
     base = serve([dec])
     for stream in (True, False):
         body = chat_body("hello", max_tokens=2000, stream=stream)  # 100 s of silent steps
-        scheduler = serve.apps[-1].state.scheduler
+        scheduler = serve.apps[-1].state.server.scheduler
         assert _disconnect_and_time(base, scheduler, body, stream, after=2.0) < FREE_WITHIN
         assert 2 < dec.sessions[-1].calls < 200  # it was decoding, and stopped long before the end
     # the server is still right afterwards (this session always answers the special token)

@@ -92,7 +92,7 @@ def test_a_row_that_fails_ends_alone_and_the_others_of_its_batch_go_on(make_deco
 
     monkeypatch.setattr(SamplingParams, "probs", poisoned)
     base = serve([make_decoder()], max_batch=4)
-    scheduler = serve.apps[0].state.scheduler
+    scheduler = serve.apps[0].state.server.scheduler
     running, results = threading.Event(), {}
 
     def run(name, **body):

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from anydraft.server.app import client_of
+from anydraft.server.gate import client_of
 from anydraft.server.scheduler import fair_share
 from tests.server.conftest import chat_body, wait_for
 
@@ -40,7 +40,7 @@ def test_one_client_cannot_fill_the_queue_nor_pose_as_another(make_decoder, serv
     a = httpx.Client(timeout=60)
     b = httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     with a, b:
-        refused, results = _fill_then_try(base, serve.apps[-1].state.scheduler, a, b, {}, {},
+        refused, results = _fill_then_try(base, serve.apps[-1].state.server.scheduler, a, b, {}, {},
                                           {"X-Forwarded-For": "203.0.113.7"})
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "client_queue_full"
@@ -53,7 +53,7 @@ def test_trusted_proxy_forwards_client_addresses(make_decoder, serve):
                  trusted_proxies=(ipaddress.ip_network("127.0.0.0/8"),))
     a, b = {"X-Forwarded-For": "203.0.113.1"}, {"X-Forwarded-For": "203.0.113.2"}
     with httpx.Client(timeout=60) as one, httpx.Client(timeout=60) as two:
-        refused, results = _fill_then_try(base, serve.apps[-1].state.scheduler, one, two, a, b, a)
+        refused, results = _fill_then_try(base, serve.apps[-1].state.server.scheduler, one, two, a, b, a)
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "client_queue_full"
     assert [r.status_code for r in results] == [200, 200, 200]
 

@@ -38,7 +38,7 @@ def test_request_timeout_while_queued_is_a_503(make_decoder, serve):
     # the first request's first target call takes 3 s: it holds the worker past the deadline of
     # a second that arrives within 2 s of it
     base = serve([make_decoder(per_call=3.0)], request_timeout=1.0)
-    scheduler = serve.apps[-1].state.scheduler
+    scheduler = serve.apps[-1].state.server.scheduler
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(httpx.post, base + CHAT, json=chat_body(max_tokens=100), timeout=30)
         wait_for(lambda: scheduler.active == 1, what="the first request to run")
@@ -96,14 +96,14 @@ def test_cli_passes_limits_and_safety_options(served):
                  "--trusted-proxies", "10.0.0.0/8,127.0.0.1", "--allowed-hosts", "API.example,[::1]",
                  "--cors-origins", "https://a.example", "--min-read", "4",
                  "--allow-special-in-content", "--shutdown-timeout", "7")
-    connections = got["app"].state.connections
+    connections = got["app"].state.server.connections
     assert (connections.max_total, connections.per_client, connections.head_timeout) == (7, 2, 1.5)
     assert got["http"].__name__ == "Bounded" and got["proxy_headers"] is False
     assert "limit_concurrency" not in got  # it would refuse /health too
-    cfg = got["app"].state.config
+    cfg = got["app"].state.server.config
     assert (cfg.request_timeout, cfg.max_prompt_tokens, cfg.body_timeout) == (30, 100, 5)
-    assert got["app"].state.scheduler.max_per_client == 3
-    assert cfg.min_read == got["app"].state.scheduler.min_read == 4
+    assert got["app"].state.server.scheduler.max_per_client == 3
+    assert cfg.min_read == got["app"].state.server.scheduler.min_read == 4
     assert cfg.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"),
                                    ipaddress.ip_network("127.0.0.1/32"))
     assert cfg.allowed_hosts == ("api.example", "::1") and cfg.cors_origins == ("https://a.example",)
@@ -113,13 +113,13 @@ def test_cli_passes_limits_and_safety_options(served):
 
 def test_cli_defaults(served):
     got = served()
-    cfg = got["app"].state.config
+    cfg = got["app"].state.server.config
     assert cfg.allowed_hosts is None and cfg.cors_origins == () and cfg.trusted_proxies == ()
     assert cfg.request_timeout is None and got["proxy_headers"] is False
     assert not cfg.allow_special_in_content
-    assert got["app"].state.scheduler.max_per_client == 16  # a quarter of --max-queue 64
-    assert got["app"].state.connections.per_client == 64  # a quarter of --max-connections 256
-    assert served("--host", "0.0.0.0")["app"].state.config.allowed_hosts == ("*",)
+    assert got["app"].state.server.scheduler.max_per_client == 16  # a quarter of --max-queue 64
+    assert got["app"].state.server.connections.per_client == 64  # a quarter of --max-connections 256
+    assert served("--host", "0.0.0.0")["app"].state.server.config.allowed_hosts == ("*",)
 
 
 @pytest.mark.parametrize("flag,value", [("--max-connections", "0"), ("--request-timeout", "-1"),
@@ -155,18 +155,19 @@ def _answer(sock) -> bytes:
 def test_idle_connections_cannot_lock_others_out(make_decoder, serve):
     """Issue 42: 32 connections that sent nothing (or a head one byte at a time) against
     --max-connections 32 had every other client, /health included, get 503 for a minute."""
-    from anydraft.server.app import ServerConfig, create_app
+    from anydraft.server.app import create_app
+    from anydraft.server.config import ServerConfig
     from tests.server.conftest import serve_in_thread
 
     app = create_app([make_decoder()], ServerConfig(model_id=MODEL_ID, max_connections=8,
                                                     max_connections_per_client=4, head_timeout=1.0))
-    with serve_in_thread(app, http=app.state.connections.protocol()) as base:
+    with serve_in_thread(app, http=app.state.server.connections.protocol()) as base:
         start = time.monotonic()
         idle = [_idle(base, f"127.0.0.{n}") for n in (3, 4) for _ in range(4)]
         slow = _idle(base, "127.0.0.5", b"GET /health HTTP/1.1\r\nHo")  # a head, byte by byte
         # one address holds at most 4: the 5th is refused at once
         assert _answer(_idle(base, "127.0.0.3")).startswith(b"HTTP/1.1 503"), "per-client cap"
-        wait_for(lambda: app.state.connections.total == 9, what="the idle connections")
+        wait_for(lambda: app.state.server.connections.total == 9, what="the idle connections")
         other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10)
         # past the total cap: /health answers, the API says so with 503
         assert other.get(base + "/health").status_code == 200
@@ -179,7 +180,7 @@ def test_idle_connections_cannot_lock_others_out(make_decoder, serve):
         for sock in [*idle, slow]:
             assert _answer(sock).startswith(b"HTTP/1.1 408"), "head timeout"
         assert time.monotonic() - start < 5
-        wait_for(lambda: app.state.connections.total <= 1, what="the idle connections to close")
+        wait_for(lambda: app.state.server.connections.total <= 1, what="the idle connections to close")
         assert other.post(base + CHAT, json=chat_body(max_tokens=2)).status_code == 200
         # a kept-alive connection that starts no new request is timed out too
         kept = _idle(base, "127.0.0.6", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")

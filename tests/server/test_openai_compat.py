@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from anydraft.server.app import public_name
+from anydraft.server.workers import public_name
 from tests.server.conftest import chat_body
 
 CHAT = "/v1/chat/completions"
