@@ -123,8 +123,8 @@ class LlamaCppModel:
                      f"{time.perf_counter() - start:.1f} s")
         return model
 
-    def new_session(self) -> LlamaCppSession:
-        return LlamaCppSession(self, self._context())
+    def new_session(self, exact: bool = False) -> LlamaCppSession:
+        return (ExactSession if exact else LlamaCppSession)(self, self._context())
 
     def _context(self, rows: int = 1, cells: int | None = None) -> _Context:
         """A context for ``rows`` sequences in ``cells`` tokens: a spare one of that shape
@@ -202,7 +202,10 @@ class _Context:
     def use_free_cores(self) -> None:
         """Run the next call on `llamacpp_threads` threads (models/threads.py: a thread on a
         core another process keeps busy makes each of the graph's operations wait for it)."""
-        threads = llamacpp_threads()
+        self.use_threads(llamacpp_threads())
+
+    def use_threads(self, threads: int) -> None:
+        """Run the next call on ``threads`` threads."""
         if threads != self.threads:
             self._lib.llama_set_n_threads(self.ctx, threads, threads)
             self.threads = threads
@@ -271,6 +274,69 @@ class LlamaCppSession:
         if context is not None:
             self._owner._release(context)
             self._context = None
+
+
+# tokens of every llama_decode of an exact session (`ExactSession`): the matrix products'
+# kernels are chosen by the tokens of a call (llama.cpp's repacked GEMM for 4 or more rows,
+# its dot products for fewer), so every call brings exactly this many, the shape that a typical
+# verification (a draft of up to 7 and its bonus) fills (models/exact.py `TILE`, the same reason)
+EXACT_TOKENS = 8
+PAD_TOKEN = 0  # what fills a call: any id; it sits after the real tokens, unseen by them
+
+
+def exact_problem(model: LlamaCppModel) -> str | None:
+    """Why a llama.cpp model cannot score exactly, or None (all can: `ExactSession`)."""
+    return None
+
+
+def exact_batch(model: LlamaCppModel, max_rows: int):
+    """The rows of an exact batch: exact sessions fed one after another. One context for all
+    rows would place a row's positions in other cells of the shared KV cache than its session
+    alone would, and attention sums over the cells in their order (docs/exact.md)."""
+    from .batch import SerialBatch
+
+    return SerialBatch(lambda: model.new_session(exact=True), max_rows)
+
+
+class ExactSession(LlamaCppSession):
+    """A `LlamaCppSession` whose every llama_decode has one shape: `EXACT_TOKENS` tokens (the
+    real ones, then `PAD_TOKEN`s at the next positions, which the causal mask hides from them
+    and which leave the cache right after), logits asked for all of them, on a fixed number of
+    threads. A position's logits are then bit-identical whatever call scores it (docs/exact.md):
+    its key and value, and every product it takes part in, are computed alike."""
+
+    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
+        if self._length + -(-n // EXACT_TOKENS) * EXACT_TOKENS > self.max_length:
+            raise AnydraftError(f"sequence would reach {self._length + n} tokens with the padding "
+                                f"of exact scoring, beyond the context window of {self.max_length}: "
+                                "shorten the prompt or lower max_new_tokens")
+        lib, batch = self._lib, self._batch
+        out = np.empty((rows, self.vocab_size), dtype=np.float32)
+        first_row = n - rows
+        self._context.use_threads(_threads())  # the same count whatever the load
+        for start in range(0, n, EXACT_TOKENS):
+            chunk = ids[start:start + EXACT_TOKENS]
+            at = self._length + start
+            for j in range(EXACT_TOKENS):
+                batch.token[j] = chunk[j] if j < len(chunk) else PAD_TOKEN
+                batch.pos[j] = at + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = True
+            batch.n_tokens = EXACT_TOKENS
+            status = lib.llama_decode(self._ctx, batch)
+            if status != 0:
+                self.rollback(self._length)  # drop whatever the failed call left behind
+                raise AnydraftError(f"llama.cpp decode failed (status {status})")
+            if len(chunk) < EXACT_TOKENS:
+                lib.llama_memory_seq_rm(self._memory, 0, at + len(chunk), -1)  # the padding
+            for j in range(len(chunk)):
+                if start + j >= first_row:
+                    row = lib.llama_get_logits_ith(self._ctx, j)
+                    out[start + j - first_row] = np.ctypeslib.as_array(row, shape=(self.vocab_size,))
+        self._length += n
+        return torch.from_numpy(out)
 
 
 class LlamaCppBatch:
