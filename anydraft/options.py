@@ -115,4 +115,4 @@ def decoder_options(args: argparse.Namespace) -> dict:
     return dict(target=args.target, drafter=args.drafter, dtype=args.dtype,
                 drafter_dtype=args.drafter_dtype, backend=args.target_backend,
                 drafter_backend=args.drafter_backend, device=args.device, draft=draft_config(args),
-                progress=progress, exact=args.exact)
+                progress=progress, exact=getattr(args, "exact", False))

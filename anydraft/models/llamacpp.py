@@ -276,12 +276,14 @@ class LlamaCppSession:
             self._context = None
 
 
-# tokens of every llama_decode of an exact session (`ExactSession`): the matrix products'
-# kernels are chosen by the tokens of a call (llama.cpp's repacked GEMM for 4 or more rows,
-# its dot products for fewer), so every call brings exactly this many, the shape that a typical
-# verification (a draft of up to 7 and its bonus) fills (models/exact.py `TILE`, the same reason)
-EXACT_TOKENS = 8
-PAD_TOKEN = 0  # what fills a call: any id; it sits after the real tokens, unseen by them
+# the most tokens of one llama_decode of an exact session (`ExactSession`). llama.cpp picks its
+# matrix products' kernels by the tokens of a call: from 4 rows on, the repacked GEMM of the
+# K-quants and Q4_0 (tiles of 4 rows, the rest by dot products), below 4 a dot product per row
+# and weight row, the same whatever the row count. Measured on Qwen2.5-0.5B's and -1.5B's
+# GGUFs: calls of 1, 2 or 3 tokens give a position bit-identical logits, calls of 4 or more do
+# not (docs/exact.md). Calls padded to a fixed 8 tokens were identical too, but cost a plain
+# step 3-4 times its time, where reading a verification 3 tokens a call costs a plain step nothing
+EXACT_TOKENS = 3
 
 
 def exact_problem(model: LlamaCppModel) -> str | None:
@@ -291,46 +293,38 @@ def exact_problem(model: LlamaCppModel) -> str | None:
 
 def exact_batch(model: LlamaCppModel, max_rows: int):
     """The rows of an exact batch: exact sessions fed one after another. One context for all
-    rows would place a row's positions in other cells of the shared KV cache than its session
-    alone would, and attention sums over the cells in their order (docs/exact.md)."""
+    rows would score a row's tokens in calls of other sizes than its session alone, and place
+    its positions in other cells of the shared KV cache, over which attention sums in their
+    order (docs/exact.md)."""
     from .batch import SerialBatch
 
     return SerialBatch(lambda: model.new_session(exact=True), max_rows)
 
 
 class ExactSession(LlamaCppSession):
-    """A `LlamaCppSession` whose every llama_decode has one shape: `EXACT_TOKENS` tokens (the
-    real ones, then `PAD_TOKEN`s at the next positions, which the causal mask hides from them
-    and which leave the cache right after), logits asked for all of them, on a fixed number of
-    threads. A position's logits are then bit-identical whatever call scores it (docs/exact.md):
-    its key and value, and every product it takes part in, are computed alike."""
+    """A `LlamaCppSession` that decodes at most `EXACT_TOKENS` tokens a call, on a fixed number
+    of threads: a position's logits are then bit-identical whatever call scores it
+    (docs/exact.md)."""
 
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
         n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
-        if self._length + -(-n // EXACT_TOKENS) * EXACT_TOKENS > self.max_length:
-            raise AnydraftError(f"sequence would reach {self._length + n} tokens with the padding "
-                                f"of exact scoring, beyond the context window of {self.max_length}: "
-                                "shorten the prompt or lower max_new_tokens")
         lib, batch = self._lib, self._batch
         out = np.empty((rows, self.vocab_size), dtype=np.float32)
         first_row = n - rows
         self._context.use_threads(_threads())  # the same count whatever the load
         for start in range(0, n, EXACT_TOKENS):
             chunk = ids[start:start + EXACT_TOKENS]
-            at = self._length + start
-            for j in range(EXACT_TOKENS):
-                batch.token[j] = chunk[j] if j < len(chunk) else PAD_TOKEN
-                batch.pos[j] = at + j
+            for j, token in enumerate(chunk):
+                batch.token[j] = token
+                batch.pos[j] = self._length + start + j
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = 0
-                batch.logits[j] = True
-            batch.n_tokens = EXACT_TOKENS
+                batch.logits[j] = start + j >= first_row
+            batch.n_tokens = len(chunk)
             status = lib.llama_decode(self._ctx, batch)
             if status != 0:
                 self.rollback(self._length)  # drop whatever the failed call left behind
                 raise AnydraftError(f"llama.cpp decode failed (status {status})")
-            if len(chunk) < EXACT_TOKENS:
-                lib.llama_memory_seq_rm(self._memory, 0, at + len(chunk), -1)  # the padding
             for j in range(len(chunk)):
                 if start + j >= first_row:
                     row = lib.llama_get_logits_ith(self._ctx, j)

@@ -38,6 +38,7 @@ from .threads import model_threads
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
 PACKED = "anydraft_rows"  # the attention implementation a packed call runs under
 LAYOUT = "anydraft_rows_layout"  # the keyword that carries a call's layout to the attention
+EXACT = "anydraft_exact"  # a layout's attention when the batch is exact: each query alone
 
 
 def batchable(model) -> bool:
@@ -148,7 +149,8 @@ class TorchBatch(RowLengths):
                 # a ready 4D mask, which transformers passes on as it is; the rows' own masks
                 # travel in the layout
                 attention_mask=torch.ones((1, 1, len(ids), 1), dtype=torch.bool, device=self.device),
-                cache=self.cache, use_cache=True, **{LAYOUT: (self.attention, layout)},
+                cache=self.cache, use_cache=True,
+                **{LAYOUT: (EXACT if self.exact else self.attention, layout)},
             ).last_hidden_state[0]
         finally:
             config._attn_implementation_internal = self.attention
@@ -184,11 +186,25 @@ def _rows_attention(module, query, key, value, attention_mask, **kwargs):
     if LAYOUT not in kwargs:
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     implementation, layout = kwargs.pop(LAYOUT)
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    if implementation == EXACT:
+        attend = _one_query
+    else:
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     outs = [attend(module, query[:, :, start:start + n], key[r:r + 1, :, :width],
                    value[r:r + 1, :, :width], mask, **kwargs)[0]
             for r, start, n, width, mask in layout]
     return torch.cat(outs, dim=1), None  # [1, tokens, heads, dim], as every attention returns
+
+
+def _one_query(module, query, key, value, mask, **kwargs):
+    """One query of an exact call against its own prefix (``mask`` None: it sees all of
+    ``key``), the same computation whatever call it came in (models/exact.py). torch's own
+    attention, its grouped heads read in place (transformers' sdpa would copy the whole prefix
+    once per head group and query)."""
+    assert query.shape[2] == 1 and mask is None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, scale=module.scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2), None
 
 
 AttentionInterface.register(PACKED, _rows_attention)

@@ -758,6 +758,7 @@ def create_app(decoders: list, config: ServerConfig) -> FastAPI:
                 "model": config.model_id, "waiting": scheduler.waiting, "active": scheduler.active,
                 "workers": len(decoders), "max_batch": config.max_batch,
                 "target_path": dec0.target.path,  # how the target runs: "torch bfloat16", ...
+                "exact": dec0.target.exact,  # greedy output identical to plain decoding (--exact)
                 # seconds to score M tokens in one call, as measured on this machine
                 # (hardware/profile.py; {} where none was cached when the models loaded): what
                 # bench-serve's bound reads

@@ -20,7 +20,7 @@ from anydraft.models.rows import TorchBatch
 from tests.conftest import require_llamacpp, require_model
 from tests.helpers import tiny_llama
 
-SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def alone(new_session, prompt: list[int], cont: list[int]) -> list[torch.Tensor]:
@@ -159,16 +159,14 @@ def test_llamacpp_plain_sessions_round_with_the_call(qwen_llamacpp):
     assert not all(torch.equal(a, b) for a, b in zip(ref, session.feed(cont), strict=True))
 
 
-PROMPTS = ["Write a Python function that reverses a string.",
-           "List three prime numbers and explain why they are prime.",
-           "def fibonacci(n):"]
+PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("target_backend", ["torch", "llamacpp"])
 def test_greedy_output_of_every_method_is_plain_decoding(target_backend):
     """SmolLM2 exact (bfloat16 torch, or its GGUF on llama.cpp) with a SmolLM2 drafter on the
-    other backend: every method, alone and in a batch of three, gives plain decoding's tokens."""
+    other backend: every method, alone and in a batch of two, gives plain decoding's tokens."""
     require_model("smollm2-135m")
     if target_backend == "llamacpp":
         require_llamacpp()
@@ -176,9 +174,9 @@ def test_greedy_output_of_every_method_is_plain_decoding(target_backend):
     dec = Decoder("smollm2-135m", "smollm2-135m", backend=target_backend,
                   dtype="bfloat16" if target_backend == "torch" else "auto",
                   drafter_backend=drafter_backend, drafter_dtype="float32", exact=True)
-    plain = [dec.generate(p, max_new_tokens=24, method="ar").token_ids for p in PROMPTS]
+    plain = [dec.generate(p, max_new_tokens=20, method="ar").token_ids for p in PROMPTS]
     for method in ("lookup", "sd", "slem", "tli", "slrs"):
-        assert [dec.generate(p, max_new_tokens=24, method=method).token_ids for p in PROMPTS] == plain, method
-        batch = dec.generate_batch(PROMPTS, max_new_tokens=24, method=method)
+        assert [dec.generate(p, max_new_tokens=20, method=method).token_ids for p in PROMPTS] == plain, method
+        batch = dec.generate_batch(PROMPTS, max_new_tokens=20, method=method)
         assert [out.token_ids for out in batch] == plain, method
-    assert [out.token_ids for out in dec.generate_batch(PROMPTS, max_new_tokens=24, method="ar")] == plain
+    assert [out.token_ids for out in dec.generate_batch(PROMPTS, max_new_tokens=20, method="ar")] == plain
