@@ -3,7 +3,7 @@ scores it (one token or a draft of k + 1, alone or beside other rows of a batch)
 output equals plain one-request decoding on the same path, for every method and batch.
 
 What makes a position's logits depend on its call, measured on the torch CPU paths (float32,
-bfloat16, each with and without +onednn; scripts/exact_probe.py):
+bfloat16, each with and without +onednn; docs/exact.md):
 
 - matrix products choose their kernel by the number of rows M (a call of 1 row and one of 2..64
   differ, and float32's default kernel differs between M = 2, 3 and 4 and for row positions
