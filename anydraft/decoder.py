@@ -61,7 +61,12 @@ class Decoder:
         # the most sequences the target will score in one call (a server's batch): an `auto`
         # backend or dtype takes the path that serves that many best (hardware/profile.py `worth`)
         rows: int = 1,
+        # score every position of the target bit-identically whatever the call (models/exact.py):
+        # greedy output identical to plain one-request decoding, in any method and batch
+        exact: bool = False,
     ):
+        if not isinstance(exact, bool):
+            raise AnydraftError(f"exact must be True or False, got {exact!r}")
         parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
         if isinstance(target, str):  # a model object is used where it already is
@@ -85,6 +90,8 @@ class Decoder:
                               adaptive=adaptive, drafter_context=drafter_context)
         check_method(self.draft.method, has_drafter=drafter is not None)
         self.target = load(target, backend, tokenizer, dtype, device, progress, rows=rows)
+        if exact:
+            self.target.make_exact()
         self.drafter = None
         if drafter is not None:
             # the target's dtype, handed down, applies where the drafter runs on torch: it

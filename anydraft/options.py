@@ -97,6 +97,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter-backend", default=None, choices=("auto", "torch", "llamacpp"),
                         help="default: auto (the faster for the drafter here, measured once), "
                              "whatever --target-backend is")
+    parser.add_argument("--exact", action="store_true",
+                        help="score the target so that greedy output is token-identical to plain "
+                             "one-request decoding in any method and batch (docs/exact.md)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch "
                              "models; llama.cpp runs on the CPU")
@@ -112,4 +115,4 @@ def decoder_options(args: argparse.Namespace) -> dict:
     return dict(target=args.target, drafter=args.drafter, dtype=args.dtype,
                 drafter_dtype=args.drafter_dtype, backend=args.target_backend,
                 drafter_backend=args.drafter_backend, device=args.device, draft=draft_config(args),
-                progress=progress)
+                progress=progress, exact=getattr(args, "exact", False))

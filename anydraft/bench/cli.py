@@ -54,6 +54,9 @@ def register(sub) -> None:
     b.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch models; "
                         "llama.cpp runs on the CPU")
+    b.add_argument("--exact", action="store_true",
+                   help="every target scores exactly: greedy output identical to plain "
+                        "one-request decoding (docs/exact.md); compare with a run without")
     add_draft_options(b, skip=("method",))  # --methods instead; k is also the bound's
     add_sampling_options(b, SamplingParams(seed=0))  # seeded: a sampling run repeats exactly
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
@@ -117,7 +120,8 @@ def settings_from_args(args):
         baseline_llama_server="llama-server" in baselines,
         max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=device, draft=draft,
-        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, busy_cores=args.busy_cores)
+        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, busy_cores=args.busy_cores,
+        exact=args.exact)
 
 
 def cmd_bench(args) -> int:

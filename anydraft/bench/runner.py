@@ -47,6 +47,7 @@ class BenchSettings:
     repeats: int = 1
     warmup: bool = True
     busy_cores: int = 0  # busy-spinning processes beside the measured runs (busy.py)
+    exact: bool = False  # every target scores exactly (models/exact.py)
     chat: str = "auto"  # auto | yes | no
     verify_costs: dict = field(default_factory=dict)  # target backend -> [v_1..v_k] (bound.py)
     fastest_plain: str | None = None  # set by run_bench: `fastest_plain`
@@ -183,7 +184,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
     for line in this_machine().lines():
         progress_note(line)
-    common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device)
+    common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device,
+                  exact=settings.exact)
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)
     settings.chat = "yes" if chat else "no"

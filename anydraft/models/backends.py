@@ -15,9 +15,12 @@ from ..hardware import profile
 from . import llamacpp, synthetic
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve, resolve_device
 from .null import NullModel
-from .session import HFSession, Session, check_rollback, context_window, model_name
+from .session import HFSession, Session, check_rollback, context_window, fast_path_problem, model_name
 
 BACKENDS = ("torch", "llamacpp")
+# where `exact` runs (models/exact.py, docs/exact.md), for the error that refuses another path
+EXACT_PATHS = ("exact scoring runs on the torch backend on a CPU (float32, bfloat16, +onednn) "
+               "for models whose layers are all full attention, and on llama.cpp")
 # "auto": llama.cpp or torch, whichever runs the model faster here, measured (hardware/profile.py)
 
 
@@ -64,6 +67,9 @@ class LoadedModel:
     model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel
     tokenizer: object
     dtype: str = ""  # the torch dtype it runs in ("auto" resolved); "" for llama.cpp or an object
+    # every call scores each position bit-identically whatever the call (models/exact.py);
+    # set through `make_exact`, which refuses a path that cannot
+    exact: bool = False
 
     @property
     def backend(self) -> str:
@@ -84,7 +90,40 @@ class LoadedModel:
             return {"llamacpp": "llama.cpp (GGUF)", "null": "null (fixed logits, synthetic)"}[self.backend]
         return f"torch {self.dtype or 'as given'}" + (", synthetic" if synthetic.is_spec(self.name) else "")
 
+    def exact_problem(self) -> str | None:
+        """Why this model cannot score exactly (`exact`), or None where it can."""
+        if self.backend == "null":
+            return None  # its logits are a function of the position and its prefix
+        if self.backend == "llamacpp":
+            return llamacpp.exact_problem(self.model)
+        if self.device.type != "cpu":
+            return f"runs on {self.device.type}, where exact scoring was not measured"
+        if hasattr(self.model, "new_session"):
+            return "runs compiled (+compile), whose kernels exact scoring does not control"
+        from .rows import batchable
+
+        if not batchable(self.model):
+            return fast_path_problem(self.model) or "has an attention that takes no ready mask"
+        return None
+
+    def make_exact(self) -> LoadedModel:
+        """Score exactly from now on (models/exact.py); an error naming the paths that can,
+        where this one cannot."""
+        problem = self.exact_problem()
+        if problem:
+            raise AnydraftError(f"exact scoring is not available for {self.name} ({self.path}): it "
+                                f"{problem}. {EXACT_PATHS}; or run without exact")
+        self.exact = True
+        return self
+
     def new_session(self) -> Session:
+        if self.exact and self.backend == "torch":
+            from .batch import OwnRow
+            from .rows import TorchBatch
+
+            return OwnRow(TorchBatch(self.model, 1, exact=True))
+        if self.exact and self.backend == "llamacpp":
+            return self.model.new_session(exact=True)
         if hasattr(self.model, "new_session"):  # llama.cpp, or compiled on a static cache
             return self.model.new_session()
         return HFSession(self.model)
@@ -102,8 +141,10 @@ class LoadedModel:
         if isinstance(self.model, NullModel):
             return self.model.new_batch(max_rows)
         if isinstance(self.model, llamacpp.LlamaCppModel):
+            if self.exact:
+                return llamacpp.exact_batch(self.model, max_rows)
             return llamacpp.LlamaCppBatch(self.model, max_rows)
-        return TorchBatch(self.model, max_rows)
+        return TorchBatch(self.model, max_rows, exact=self.exact)
 
     @property
     def batches(self) -> bool:

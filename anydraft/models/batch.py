@@ -109,6 +109,27 @@ class RowView:
         self._free()
 
 
+class OwnRow:
+    """A sequence of its own (``batch`` None) kept as the one row of a `BatchSession` of its own:
+    a session that scores exactly as that batch's rows do (an exact torch session,
+    models/exact.py)."""
+
+    batch = None
+
+    def __init__(self, rows: BatchSession):
+        self._rows, self._row = rows, rows.add_row()
+        self.vocab_size, self.max_length = rows.vocab_size, rows.max_length
+
+    def __len__(self) -> int:
+        return self._rows.length(self._row)
+
+    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        return self._rows.feed_rows({self._row: ids}, {self._row: len(ids) if rows is None else rows})[self._row]
+
+    def rollback(self, n: int) -> None:
+        self._rows.rollback(self._row, n)
+
+
 class SerialBatch:
     """A `BatchSession` whose rows are sessions of their own, fed one after another."""
 

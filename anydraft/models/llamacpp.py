@@ -123,8 +123,8 @@ class LlamaCppModel:
                      f"{time.perf_counter() - start:.1f} s")
         return model
 
-    def new_session(self) -> LlamaCppSession:
-        return LlamaCppSession(self, self._context())
+    def new_session(self, exact: bool = False) -> LlamaCppSession:
+        return (ExactSession if exact else LlamaCppSession)(self, self._context())
 
     def _context(self, rows: int = 1, cells: int | None = None) -> _Context:
         """A context for ``rows`` sequences in ``cells`` tokens: a spare one of that shape
@@ -202,7 +202,10 @@ class _Context:
     def use_free_cores(self) -> None:
         """Run the next call on `llamacpp_threads` threads (models/threads.py: a thread on a
         core another process keeps busy makes each of the graph's operations wait for it)."""
-        threads = llamacpp_threads()
+        self.use_threads(llamacpp_threads())
+
+    def use_threads(self, threads: int) -> None:
+        """Run the next call on ``threads`` threads."""
         if threads != self.threads:
             self._lib.llama_set_n_threads(self.ctx, threads, threads)
             self.threads = threads
@@ -271,6 +274,63 @@ class LlamaCppSession:
         if context is not None:
             self._owner._release(context)
             self._context = None
+
+
+# the most tokens of one llama_decode of an exact session (`ExactSession`). llama.cpp picks its
+# matrix products' kernels by the tokens of a call: from 4 rows on, the repacked GEMM of the
+# K-quants and Q4_0 (tiles of 4 rows, the rest by dot products), below 4 a dot product per row
+# and weight row, the same whatever the row count. Measured on Qwen2.5-0.5B's and -1.5B's
+# GGUFs: calls of 1, 2 or 3 tokens give a position bit-identical logits, calls of 4 or more do
+# not (docs/exact.md). Calls padded to a fixed 8 tokens were identical too, but cost a plain
+# step 3-4 times its time, where reading a verification 3 tokens a call costs a plain step nothing
+EXACT_TOKENS = 3
+
+
+def exact_problem(model: LlamaCppModel) -> str | None:
+    """Why a llama.cpp model cannot score exactly, or None (all can: `ExactSession`)."""
+    return None
+
+
+def exact_batch(model: LlamaCppModel, max_rows: int):
+    """The rows of an exact batch: exact sessions fed one after another. One context for all
+    rows would score a row's tokens in calls of other sizes than its session alone, and place
+    its positions in other cells of the shared KV cache, over which attention sums in their
+    order (docs/exact.md)."""
+    from .batch import SerialBatch
+
+    return SerialBatch(lambda: model.new_session(exact=True), max_rows)
+
+
+class ExactSession(LlamaCppSession):
+    """A `LlamaCppSession` that decodes at most `EXACT_TOKENS` tokens a call, on a fixed number
+    of threads: a position's logits are then bit-identical whatever call scores it
+    (docs/exact.md)."""
+
+    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
+        lib, batch = self._lib, self._batch
+        out = np.empty((rows, self.vocab_size), dtype=np.float32)
+        first_row = n - rows
+        self._context.use_threads(_threads())  # the same count whatever the load
+        for start in range(0, n, EXACT_TOKENS):
+            chunk = ids[start:start + EXACT_TOKENS]
+            for j, token in enumerate(chunk):
+                batch.token[j] = token
+                batch.pos[j] = self._length + start + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = start + j >= first_row
+            batch.n_tokens = len(chunk)
+            status = lib.llama_decode(self._ctx, batch)
+            if status != 0:
+                self.rollback(self._length)  # drop whatever the failed call left behind
+                raise AnydraftError(f"llama.cpp decode failed (status {status})")
+            for j in range(len(chunk)):
+                if start + j >= first_row:
+                    row = lib.llama_get_logits_ith(self._ctx, j)
+                    out[start + j - first_row] = np.ctypeslib.as_array(row, shape=(self.vocab_size,))
+        self._length += n
+        return torch.from_numpy(out)
 
 
 class LlamaCppBatch:

@@ -14,6 +14,10 @@ for the model): token t of row r attends to positions ``<= length_r + t`` of its
 only, so other rows, and whatever an earlier rollback left behind, are never seen. A rollback
 is a number: the row's length. The model code is transformers' own; only the cache, the
 attention dispatch and the mask are ours.
+
+An exact batch (``exact=True``, models/exact.py) scores every position bit-identically whatever
+the call: its linear layers multiply in fixed tiles, each query attends alone to its own
+prefix, and its calls run on a fixed number of threads.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from ..errors import AnydraftError
+from . import exact as exact_scoring
 from .batch import RowLengths
 from .session import context_window, fast_path_problem, rows_to_return
-from .threads import on_model_threads
+from .threads import model_threads
 
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
 PACKED = "anydraft_rows"  # the attention implementation a packed call runs under
 LAYOUT = "anydraft_rows_layout"  # the keyword that carries a call's layout to the attention
+EXACT = "anydraft_exact"  # a layout's attention when the batch is exact: each query alone
 
 
 def batchable(model) -> bool:
@@ -98,10 +104,12 @@ class _Cache(Cache):
 class TorchBatch(RowLengths):
     """A `BatchSession` (models/batch.py) over a transformers causal LM (`batchable`)."""
 
-    def __init__(self, model, max_rows: int):
+    def __init__(self, model, max_rows: int, exact: bool = False):
         if max_rows < 1:
             raise AnydraftError(f"a batch needs at least one row (got max_rows={max_rows})")
-        self.model, self.max_rows = model, max_rows
+        self.model, self.max_rows, self.exact = model, max_rows, exact
+        if exact:
+            exact_scoring.install(model)
         self.body, self.head = model.get_decoder(), model.get_output_embeddings()
         self.vocab_size = self.head.weight.shape[0]
         self.max_length = context_window(model)
@@ -112,9 +120,14 @@ class TorchBatch(RowLengths):
         self.lengths: dict[int, int] = {}
         self.call: list[tuple[int, int, int]] = []  # (row, start in the packed call, tokens)
 
-    @on_model_threads
-    @torch.inference_mode()
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
+        with model_threads(fixed=self.exact), torch.inference_mode():
+            if not self.exact:
+                return self._feed_rows(feeds, rows)
+            with exact_scoring.tiled():
+                return self._feed_rows(feeds, rows)
+
+    def _feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         order = sorted(feeds)
         wanted = {r: rows_to_return(self.lengths[r], self.max_length, feeds[r], rows[r]) for r in order}
         ids, positions, self.call = [], [], []
@@ -122,7 +135,11 @@ class TorchBatch(RowLengths):
             self.call.append((r, len(ids), len(feeds[r])))
             ids += feeds[r]
             positions += range(self.lengths[r], self.lengths[r] + len(feeds[r]))
-        layout = [(r, start, n, self.lengths[r] + n, self._mask(r, n)) for r, start, n in self.call]
+        if self.exact:  # each query alone over its own prefix: the attention of a plain step
+            layout = [(r, start + t, 1, self.lengths[r] + t + 1, None)
+                      for r, start, n in self.call for t in range(n)]
+        else:
+            layout = [(r, start, n, self.lengths[r] + n, self._mask(r, n)) for r, start, n in self.call]
         config = self.model.config
         config._attn_implementation_internal = PACKED
         try:
@@ -132,7 +149,8 @@ class TorchBatch(RowLengths):
                 # a ready 4D mask, which transformers passes on as it is; the rows' own masks
                 # travel in the layout
                 attention_mask=torch.ones((1, 1, len(ids), 1), dtype=torch.bool, device=self.device),
-                cache=self.cache, use_cache=True, **{LAYOUT: (self.attention, layout)},
+                cache=self.cache, use_cache=True,
+                **{LAYOUT: (EXACT if self.exact else self.attention, layout)},
             ).last_hidden_state[0]
         finally:
             config._attn_implementation_internal = self.attention
@@ -168,11 +186,25 @@ def _rows_attention(module, query, key, value, attention_mask, **kwargs):
     if LAYOUT not in kwargs:
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     implementation, layout = kwargs.pop(LAYOUT)
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    if implementation == EXACT:
+        attend = _one_query
+    else:
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     outs = [attend(module, query[:, :, start:start + n], key[r:r + 1, :, :width],
                    value[r:r + 1, :, :width], mask, **kwargs)[0]
             for r, start, n, width, mask in layout]
     return torch.cat(outs, dim=1), None  # [1, tokens, heads, dim], as every attention returns
+
+
+def _one_query(module, query, key, value, mask, **kwargs):
+    """One query of an exact call against its own prefix (``mask`` None: it sees all of
+    ``key``), the same computation whatever call it came in (models/exact.py). torch's own
+    attention, its grouped heads read in place (transformers' sdpa would copy the whole prefix
+    once per head group and query)."""
+    assert query.shape[2] == 1 and mask is None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, scale=module.scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2), None
 
 
 AttentionInterface.register(PACKED, _rows_attention)

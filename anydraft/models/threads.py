@@ -147,18 +147,26 @@ def host_threads():
 
 def torch_threads() -> int:
     """The threads a torch model call gets: the free cores, at most what the process had."""
+    return min(process_threads(), free_cores())
+
+
+def process_threads() -> int:
+    """The threads torch had before anydraft's own work lowered them (`host_threads`)."""
     import torch
 
     before = getattr(_state, "before", None)
-    return min(before if before is not None else torch.get_num_threads(), free_cores())
+    return before if before is not None else torch.get_num_threads()
 
 
 @contextmanager
-def model_threads():
-    """A torch model's call: on `torch_threads` threads inside, the count of before after."""
+def model_threads(fixed: bool = False):
+    """A torch model's call: on `torch_threads` threads inside, the count of before after.
+    ``fixed``: on `process_threads` whatever the load, for an exact call (models/exact.py: a
+    float32 call rounds differently on 1 and on 2 threads)."""
     import torch
 
-    now, wanted = torch.get_num_threads(), torch_threads()
+    now = torch.get_num_threads()
+    wanted = process_threads() if fixed else torch_threads()
     if wanted == now:
         yield
         return

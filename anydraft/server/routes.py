@@ -72,6 +72,7 @@ async def health(request: Request):
             "model": config.model_id, "waiting": scheduler.waiting, "active": scheduler.active,
             "workers": len(state.decoders), "max_batch": config.max_batch,
             "target_path": state.decoder.target.path,  # how the target runs: "torch bfloat16", ...
+            "exact": state.decoder.target.exact,  # greedy output identical to plain decoding (--exact)
             # seconds to score M tokens in one call, as measured on this machine
             # (hardware/profile.py; {} where none was cached when the models loaded): what
             # bench-serve's bound reads

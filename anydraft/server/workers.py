@@ -28,7 +28,8 @@ def build_decoders(args) -> list:
         d = first.drafter
         dec = Decoder(target=first.target.model, tokenizer=copy.deepcopy(first.target.tokenizer),
                       drafter=d.model if d else None,
-                      drafter_tokenizer=copy.deepcopy(d.tokenizer) if d else None, draft=first.draft)
+                      drafter_tokenizer=copy.deepcopy(d.tokenizer) if d else None, draft=first.draft,
+                      exact=first.target.exact)
         # the same models as the first's, named alike (a stats file is keyed by them), and
         # the same measured cost curve to start from
         dec.target.name, dec.target.dtype = first.target.name, first.target.dtype

@@ -1,0 +1,87 @@
+"""Exact scoring (issue 41, docs/exact.md): every position's logits bit-identical whatever call
+scores it (one token or a draft of k + 1, alone or beside other rows of a batch), so greedy
+output equals plain one-request decoding on the same path, for every method and batch.
+
+What makes a position's logits depend on its call, measured on the torch CPU paths (float32,
+bfloat16, each with and without +onednn; docs/exact.md):
+
+- matrix products choose their kernel by the number of rows M (a call of 1 row and one of 2..64
+  differ, and float32's default kernel differs between M = 2, 3 and 4 and for row positions
+  at M = 5 and 9); at a fixed M that is a multiple of 4 a row's result depends on its own input
+  row only (not on its place in the call or on the other rows), on 1 thread and on 2;
+- attention over n queries with a causal mask rounds differently from one query alone;
+- float32 calls round differently on 1 and on 2 threads (bfloat16 did not, here).
+
+So an exact call runs every linear layer on tiles of exactly `TILE` rows (the last one padded
+with zeros), each query's attention as one query alone over its own prefix, and the model on a
+fixed thread count (models/threads.py `model_threads`). Elementwise work (norms, rotary
+embeddings, activations) is per row and already the same in any call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+# rows of every matrix product in an exact call: a multiple of 4 (measured row-invariant at 4,
+# 8, 16 and 32, where 5 and 9 were not), and the smallest that holds a typical verification
+# (a draft of up to 7 tokens and its bonus) in one tile: a plain step pays for TILE rows to
+# score 1, a longer draft for one more tile per TILE tokens (docs/exact.md has the costs)
+TILE = 8
+
+_tiling = contextvars.ContextVar("anydraft_exact_tiling", default=False)
+
+
+@contextlib.contextmanager
+def tiled():
+    """Inside, every `TiledLinear` of any model multiplies in tiles of `TILE` rows."""
+    token = _tiling.set(True)
+    try:
+        yield
+    finally:
+        _tiling.reset(token)
+
+
+class TiledLinear(torch.nn.Module):
+    """A linear layer (``nn.Linear`` or models/kernels.py `PackedLinear`) that, inside `tiled`,
+    multiplies its input in tiles of exactly `TILE` rows; elsewhere it is the layer itself."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.in_features, self.out_features = inner.in_features, inner.out_features
+
+    @property
+    def weight(self):  # what reads a linear layer's width or dtype reads the inner one's
+        return self.inner.weight
+
+    @property
+    def bias(self):
+        return self.inner.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _tiling.get():
+            return self.inner(x)
+        lead, flat = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        m = flat.shape[0]
+        pad = -m % TILE
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros((pad, flat.shape[1]))])
+        out = torch.cat([self.inner(flat[i:i + TILE]) for i in range(0, m + pad, TILE)])
+        return out[:m].reshape(*lead, out.shape[-1])
+
+
+def install(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap every linear layer of ``model`` (in place, once) in a `TiledLinear`; return it.
+    Outside `tiled` the model computes exactly what it did before."""
+    from .kernels import PackedLinear
+
+    for module in list(model.modules()):
+        if isinstance(module, TiledLinear):
+            continue
+        for name, child in list(module.named_children()):
+            if type(child) in (torch.nn.Linear, PackedLinear):
+                setattr(module, name, TiledLinear(child))
+    return model
