@@ -15,7 +15,14 @@ from ..hardware import profile
 from . import llamacpp, synthetic
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve, resolve_device
 from .null import NullModel
-from .session import HFSession, Session, check_rollback, context_window, fast_path_problem, model_name
+from .session import (
+    HFSession,
+    Session,
+    check_rollback,
+    context_window,
+    fast_path_problem,
+    model_name,
+)
 
 BACKENDS = ("torch", "llamacpp")
 # where `exact` runs (models/exact.py, docs/exact.md), for the error that refuses another path
