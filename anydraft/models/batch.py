@@ -91,43 +91,32 @@ class RowView:
     collected."""
 
     def __init__(self, batch: BatchSession):
-        self.batch = batch
+        self.batch = self._rows = batch
         self.row = batch.add_row()
         self.vocab_size, self.max_length = batch.vocab_size, batch.max_length
         self._free = weakref.finalize(self, batch.remove_row, self.row)
 
     def __len__(self) -> int:
-        return self.batch.length(self.row)
+        return self._rows.length(self.row)
 
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        return self.batch.feed_rows({self.row: ids}, {self.row: len(ids) if rows is None else rows})[self.row]
+        return self._rows.feed_rows({self.row: ids}, {self.row: len(ids) if rows is None else rows})[self.row]
 
     def rollback(self, n: int) -> None:
-        self.batch.rollback(self.row, n)
+        self._rows.rollback(self.row, n)
 
     def close(self) -> None:
         self._free()
 
 
-class OwnRow:
+class OwnRow(RowView):
     """A sequence of its own (``batch`` None) kept as the one row of a `BatchSession` of its own:
     a session that scores exactly as that batch's rows do (an exact torch session,
     models/exact.py)."""
 
-    batch = None
-
     def __init__(self, rows: BatchSession):
-        self._rows, self._row = rows, rows.add_row()
-        self.vocab_size, self.max_length = rows.vocab_size, rows.max_length
-
-    def __len__(self) -> int:
-        return self._rows.length(self._row)
-
-    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        return self._rows.feed_rows({self._row: ids}, {self._row: len(ids) if rows is None else rows})[self._row]
-
-    def rollback(self, n: int) -> None:
-        self._rows.rollback(self._row, n)
+        super().__init__(rows)
+        self.batch = None
 
 
 class SerialBatch:
