@@ -102,7 +102,7 @@ class LoadedModel:
         if self.backend == "null":
             return None  # its logits are a function of the position and its prefix
         if self.backend == "llamacpp":
-            return llamacpp.exact_problem(self.model)
+            return None  # every GGUF model: llamacpp.ExactSession
         if self.device.type != "cpu":
             return f"runs on {self.device.type}, where exact scoring was not measured"
         if hasattr(self.model, "new_session"):

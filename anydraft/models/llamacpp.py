@@ -221,6 +221,7 @@ class LlamaCppSession:
     """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
 
     batch = None  # a sequence of its own
+    chunk = BATCH  # the most tokens of one llama_decode
 
     def __init__(self, model: LlamaCppModel, context: _Context):
         self._lib, self._owner, self._context = model._lib, model, context
@@ -232,13 +233,17 @@ class LlamaCppSession:
     def __len__(self) -> int:
         return self._length
 
+    def _set_threads(self) -> None:
+        """The threads of the next call: the free cores."""
+        self._context.use_free_cores()
+
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
         n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
         lib, batch = self._lib, self._batch
         out = np.empty((rows, self.vocab_size), dtype=np.float32)
         first_row = n - rows
-        for start in range(0, n, BATCH):
-            chunk = ids[start:start + BATCH]
+        for start in range(0, n, self.chunk):
+            chunk = ids[start:start + self.chunk]
             wanted = []
             for j, token in enumerate(chunk):
                 i = start + j
@@ -250,7 +255,7 @@ class LlamaCppSession:
                 if i >= first_row:
                     wanted.append(j)
             batch.n_tokens = len(chunk)
-            self._context.use_free_cores()
+            self._set_threads()
             status = lib.llama_decode(self._ctx, batch)
             if status != 0:
                 self.rollback(self._length)  # drop whatever the failed call left behind
@@ -286,11 +291,6 @@ class LlamaCppSession:
 EXACT_TOKENS = 3
 
 
-def exact_problem(model: LlamaCppModel) -> str | None:
-    """Why a llama.cpp model cannot score exactly, or None (all can: `ExactSession`)."""
-    return None
-
-
 def exact_batch(model: LlamaCppModel, max_rows: int):
     """The rows of an exact batch: exact sessions fed one after another. One context for all
     rows would score a row's tokens in calls of other sizes than its session alone, and place
@@ -306,31 +306,10 @@ class ExactSession(LlamaCppSession):
     of threads: a position's logits are then bit-identical whatever call scores it
     (docs/exact.md)."""
 
-    def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
-        lib, batch = self._lib, self._batch
-        out = np.empty((rows, self.vocab_size), dtype=np.float32)
-        first_row = n - rows
+    chunk = EXACT_TOKENS
+
+    def _set_threads(self) -> None:
         self._context.use_threads(_threads())  # the same count whatever the load
-        for start in range(0, n, EXACT_TOKENS):
-            chunk = ids[start:start + EXACT_TOKENS]
-            for j, token in enumerate(chunk):
-                batch.token[j] = token
-                batch.pos[j] = self._length + start + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
-                batch.logits[j] = start + j >= first_row
-            batch.n_tokens = len(chunk)
-            status = lib.llama_decode(self._ctx, batch)
-            if status != 0:
-                self.rollback(self._length)  # drop whatever the failed call left behind
-                raise AnydraftError(f"llama.cpp decode failed (status {status})")
-            for j in range(len(chunk)):
-                if start + j >= first_row:
-                    row = lib.llama_get_logits_ith(self._ctx, j)
-                    out[start + j - first_row] = np.ctypeslib.as_array(row, shape=(self.vocab_size,))
-        self._length += n
-        return torch.from_numpy(out)
 
 
 class LlamaCppBatch:
