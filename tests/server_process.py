@@ -11,15 +11,16 @@ MODEL_ID = "tiny"  # the name the server serves its target under (--served-model
 
 
 class Server(ServerProcess):
-    def __init__(self, model_dir: Path, log_path: Path, *extra: str, api_key: str | None = None):
+    def __init__(self, model_dir: Path | str, log_path: Path, *extra: str, api_key: str | None = None,
+                 dtype: str = "float32"):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        # float32 on torch; a llama.cpp target runs the GGUF as it is (a dtype there is an error)
+        # ``dtype`` on torch; a llama.cpp target runs the GGUF as it is (a dtype there is an error)
         llamacpp = any(a == "llamacpp" and b == "--target-backend" for b, a in zip(extra, extra[1:], strict=False))
-        dtype = [] if llamacpp else ["--dtype", "float32"]
+        dtype_args = [] if llamacpp else ["--dtype", dtype]
         cmd = [sys.executable, "-m", "anydraft", "serve", "--target", str(model_dir),
-               "--served-model-name", MODEL_ID, "--port", str(self.port), *dtype,
+               "--served-model-name", MODEL_ID, "--port", str(self.port), *dtype_args,
                "--log-level", "warning", *extra]
         if api_key:
             cmd += ["--api-key", api_key]
@@ -29,8 +30,8 @@ class Server(ServerProcess):
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def wait_ready(self, timeout: float = 180) -> None:
-        super().wait_ready(self.base, timeout, "test")
+    def wait_ready(self, timeout: float = 180) -> dict:
+        return super().wait_ready(self.base, timeout, "test")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
