@@ -19,8 +19,10 @@ from . import serve
 HELP = """Benchmark methods side by side on one target: AR, then each method per prompt
 (interleaved, after a warm-up), median over --repeats; with several backends, every (target
 backend, drafter, drafter backend) combination, each against AR on its own target backend.
-Writes results.json, summary.md and PNG plots to --out. Exit status 1 when a greedy run's
-output differs from AR (a correctness alarm)."""
+--exact both runs each target backend plain and exact in the same rounds (its exact path is
+"<backend>+exact", against its own exact AR) and tables what exact costs. Writes results.json,
+summary.md and PNG plots to --out. Exit status 1 when a greedy run's output differs from AR on
+its path (a correctness alarm)."""
 
 
 def register(sub) -> None:
@@ -54,9 +56,11 @@ def register(sub) -> None:
     b.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch models; "
                         "llama.cpp runs on the CPU")
-    b.add_argument("--exact", action="store_true",
-                   help="every target scores exactly: greedy output identical to plain "
-                        "one-request decoding (docs/exact.md); compare with a run without")
+    b.add_argument("--exact", nargs="?", const="on", default="off", metavar="on|both|off",
+                   help="on (--exact alone): every target scores exactly, greedy output identical "
+                        "to plain one-request decoding on the same path (docs/exact.md); both: "
+                        "each target backend plain and exact, interleaved, with a table of what "
+                        "exact costs (exact AR / plain AR, exact auto / plain auto); default off")
     add_draft_options(b, skip=("method",))  # --methods instead; k is also the bound's
     add_sampling_options(b, SamplingParams(seed=0))  # seeded: a sampling run repeats exactly
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
@@ -78,7 +82,14 @@ def settings_from_args(args):
     from ..errors import AnydraftError
     from ..models.backends import check_target_device
     from ..models.loading import parse_dtype, resolve_device
-    from .runner import BASELINES, BenchSettings, backends_for, parse_backends, parse_methods
+    from .runner import (
+        BASELINES,
+        EXACT_CHOICES,
+        BenchSettings,
+        backends_for,
+        parse_backends,
+        parse_methods,
+    )
 
     if args.n < 1:
         raise AnydraftError(f"--n must be >= 1 (prompts per category), got {args.n}")
@@ -88,6 +99,9 @@ def settings_from_args(args):
         raise AnydraftError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.busy_cores < 0:
         raise AnydraftError(f"--busy-cores must be >= 0, got {args.busy_cores}")
+    if args.exact not in EXACT_CHOICES:
+        raise AnydraftError(f"unknown --exact {args.exact!r}: on (or --exact alone: every target "
+                            "exact), both (plain and exact side by side) or off")
     draft, sampling = draft_config(args), sampling_params(args)
     baselines = [b.strip() for b in (args.baseline or "").split(",") if b.strip()]
     for b in baselines:
@@ -149,7 +163,8 @@ def cmd_bench(args) -> int:
                 f"{','.join(settings.drafter_backends)})"
                 if [settings.target_backends, settings.drafter_backends] != [["torch"]] * 2 else "")
     say(f"bench: {len(prompts)} prompts x {len(settings.methods)} methods "
-        f"x {max(1, len(settings.drafters))} drafter(s){backends}, {settings.repeats} repeat(s) -> {out}")
+        f"x {max(1, len(settings.drafters))} drafter(s){backends}"
+        f"{'' if settings.exact == 'off' else ', exact ' + settings.exact}, {settings.repeats} repeat(s) -> {out}")
     rows = run_bench(settings, prompts, quiet=args.json)
     meta = build_meta(settings, command_line(args), prompts, args.dataset)
     results = write_results(out, meta, rows)

@@ -12,21 +12,24 @@ from pathlib import Path
 
 from .bound import best_bound, median, per_token_acceptance
 from .host import host_lines, synthetic_models
-from .runner import backend_sides, label
+from .runner import backend_sides, label, path_backend
 
 # speedup_vs_ar, decode_speedup_vs_ar (after the target's first call, which takes prefill_seconds),
-# cost_ratio and identical_to_ar compare with AR on the row's own target backend;
+# cost_ratio and identical_to_ar compare with AR on the row's own target path (target_backend,
+# "+exact" for an exact path: runner.target_path);
 # speedup_vs_fastest_plain with the plain decoding that ran fastest (meta settings.fastest_plain:
 # AR on some target backend, or llama-server); speedup_vs_llama_server and
 # decode_speedup_vs_llama_server with llama.cpp's own server (None without --baseline llama-server);
-# *_backend: torch | llamacpp
-# (drafter_backend None without a drafter); mismatch_at / mismatch_margin: for a greedy run that
-# differs from AR, the first differing new token and the target's logit margin there (runner.divergence)
+# *_backend: torch | llamacpp, the target's with "+exact" where it scored exactly (exact: True)
+# (drafter_backend None without a drafter); speedup_vs_not_exact, decode_speedup_vs_not_exact:
+# an exact row against the same run without exact (None unless --exact both);
+# mismatch_at / mismatch_margin: for a greedy run that differs from AR, the first differing new
+# token and the target's logit margin there (runner.divergence)
 ROW_KEYS = (
-    "prompt_id", "category", "method", "drafter", "target_backend", "drafter_backend", "new_tokens",
-    "seconds", "prefill_seconds", "tokens_per_s", "speedup_vs_ar", "decode_speedup_vs_ar",
+    "prompt_id", "category", "method", "drafter", "target_backend", "drafter_backend", "exact",
+    "new_tokens", "seconds", "prefill_seconds", "tokens_per_s", "speedup_vs_ar", "decode_speedup_vs_ar",
     "speedup_vs_fastest_plain", "speedup_vs_llama_server", "decode_speedup_vs_llama_server",
-    "speedup_vs_hf",
+    "speedup_vs_hf", "speedup_vs_not_exact", "decode_speedup_vs_not_exact",
     "acceptance", "acceptance_per_token", "mean_accepted", "draft_seconds", "target_seconds",
     "translate_seconds", "cost_ratio", "bound", "identical_to_ar", "mismatch_at", "mismatch_margin",
 )
@@ -81,9 +84,59 @@ def build_meta(settings, command: str, prompts: list[dict], dataset: str) -> dic
 
 
 def write_results(out_dir: Path, meta: dict, rows: list[dict]) -> Path:
+    """results.json: meta, what exact costs (`exact_costs`, [] unless --exact both), the rows."""
     path = out_dir / "results.json"
-    path.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n", encoding="utf-8")
+    data = {"meta": meta, "exact_costs": exact_costs(rows), "results": rows}
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def exact_costs(rows: list[dict]) -> list[dict]:
+    """What exact scoring costs, one entry per exact run (label) that also ran without exact on
+    the same target backend (--exact both): median tokens/s of both, and the medians over
+    prompts of exact tokens/s over plain tokens/s on the same prompt (decode: after the
+    target's first call, the prompt read, which exact makes dearer)."""
+    name = labeller(rows)
+
+    def key(r, path):
+        return r["prompt_id"], path, r["drafter"], r["drafter_backend"], r["method"]
+
+    plain = {key(r, r["target_backend"]): r for r in rows if not r.get("exact")}
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("speedup_vs_not_exact") is not None:
+            groups.setdefault(name(r), []).append(r)
+    out = []
+    for lab, group in groups.items():
+        base = [plain[key(r, path_backend(r["target_backend"])[0])] for r in group]
+        first = group[0]
+        out.append({
+            "label": lab, "method": first["method"], "target_backend": first["target_backend"],
+            "drafter": first["drafter"], "drafter_backend": first["drafter_backend"],
+            "prompts": len(group),
+            "tokens_per_s_not_exact": median(r["tokens_per_s"] for r in base),
+            "tokens_per_s_exact": median(r["tokens_per_s"] for r in group),
+            "speedup_vs_not_exact": median(r["speedup_vs_not_exact"] for r in group),
+            "decode_speedup_vs_not_exact": median(r["decode_speedup_vs_not_exact"] for r in group),
+        })
+    return out
+
+
+def _exact_cost_lines(costs: list[dict]) -> list[str]:
+    if not costs:
+        return []
+    lines = ["## What exact costs", "",
+             "Each exact run (`+exact`) against the same run without exact scoring, in the same "
+             "interleaved rounds: per prompt, its tokens/s over the plain run's; the median over "
+             "prompts (below 1: exact is slower).", "",
+             "| method | prompts | median tok/s not exact | median tok/s exact | "
+             "exact / not exact | decode: exact / not exact |", "|---|---|---|---|---|---|"]
+    for c in costs:
+        cells = [c["label"], str(c["prompts"]), _fmt(c["tokens_per_s_not_exact"], ".1f"),
+                 _fmt(c["tokens_per_s_exact"], ".1f"), _fmt(c["speedup_vs_not_exact"], ".2f", "x"),
+                 _fmt(c["decode_speedup_vs_not_exact"], ".2f", "x")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def mismatches(rows: list[dict]) -> list[dict]:
@@ -199,7 +252,8 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         f"{sampling}, {s['max_new_tokens']} new tokens, dtype {s['dtype']}"
         f"{', drafter ' + s['drafter_dtype'] if s['drafter_dtype'] else ''}{backends}, {draft}, "
         f"chat template {s['chat']}, {s['repeats']} repeat(s) (median), warm-up {'on' if s['warmup'] else 'off'}"
-        f"{', busy cores ' + str(s['busy_cores']) if s.get('busy_cores') else ''}",
+        f"{', busy cores ' + str(s['busy_cores']) if s.get('busy_cores') else ''}"
+        f"{', exact ' + s['exact'] if s.get('exact', 'off') != 'off' else ''}",
         "",
     ]
     if meta.get("synthetic"):
@@ -220,13 +274,15 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
                   "differently when it scores the position inside a batch (verification) than "
                   "one token at a time (plain decoding): the target's numerics, not the method "
                   "(transformers' own assisted generation, `hf`, shows the same). The float32 "
-                  "exactness tests do not see it; a clear margin would be a bug.", ""]
+                  "exactness tests do not see it; a clear margin would be a bug. On an exact "
+                  "path (`+exact`) no margin excuses it: any mismatch there is a bug.", ""]
     lines += ["## Per method (all prompts)", ""]
     if cols[0]:
         lines += [f"Fastest plain decoding here: **{s.get('fastest_plain')}**.", ""]
     lines += _table({key: aggregate(v, k) for key, v in group_rows(rows, False).items()}, ["method"],
                     *cols)
-    lines += ["", "## Per category and method", ""]
+    lines += [""] + _exact_cost_lines(exact_costs(rows))
+    lines += ["## Per category and method", ""]
     lines += _table({key: aggregate(v, k) for key, v in sorted(group_rows(rows, True).items(), key=lambda kv: kv[0][0])},
                     ["category", "method"], *cols)
     lines += [""]
@@ -238,9 +294,9 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
     lines += [
         "## How to read this", "",
         "- speedup vs AR / vs hf: per prompt, tokens/s of the method divided by tokens/s of "
-        "plain decoding (AR) on the same target backend / of transformers' assisted generation "
-        "(hf, same drafter) on the same prompt (= AR seconds / method seconds when both produce "
-        "the same tokens); the median over prompts is shown.",
+        "plain decoding (AR) on the same target path (its backend, exact or not) / of "
+        "transformers' assisted generation (hf, same drafter) on the same prompt (= AR seconds / "
+        "method seconds when both produce the same tokens); the median over prompts is shown.",
     ] + [
         "- speedup vs fastest plain: the same, divided by the plain decoding (AR on a target "
         "backend, or llama-server) with the highest median tokens/s in this run.",
@@ -253,6 +309,11 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         "- a label's `(backend)` after the method names the target's backend, after the drafter "
         "the drafter's (shown for a side that does not run on torch only).",
     ] * bool(backends) + [
+        "- `(backend+exact)`: the target scored exactly (docs/exact.md); its rows compare with "
+        "AR on the same exact path" + (", and under What exact costs with the same run without "
+                                       "exact" if s["exact"] == "both" else "")
+        + "; its bound uses the plain path's measured cost curve.",
+    ] * (s.get("exact", "off") != "off") + [
         "- acceptance: accepted / drafted draft tokens, pooled over the group's prompts. "
         "a (per token): accepted / (accepted + rejections), a rejection being a round that "
         "ended at a rejected candidate: the chance of each judged candidate being kept (those "

@@ -5,6 +5,12 @@ method (and `hf`), all with the same settings, so drift of the machine hits ever
 ``repeats`` rounds of that, every second round in reverse order (AR last: a machine that speeds
 up or slows down during a round favours no method), and each row keeps the run with the median
 seconds (so its fields stay consistent with each other). Each model is loaded once per backend.
+
+Exact scoring (models/exact.py) is a path of its own: with ``exact="both"`` each target backend
+runs twice in the same rounds, plain and exact (``"llamacpp"`` and ``"llamacpp+exact"``: the
+rows' ``target_backend``), each with its own AR, so an exact row is compared with exact AR
+(greedy output identical to plain decoding on the same path with exact on) and carries what
+exact costs against the same run without it (``speedup_vs_not_exact``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,19 @@ from .host import host_fields
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only
 BASELINES = ("hf", "llama-server")
+# --exact: every target plain, every target exact, or each both ways in the same run
+EXACT_CHOICES = ("off", "on", "both")
+EXACT_PATH = "+exact"  # a target backend's exact path: "torch+exact" (rows' target_backend)
+
+
+def target_path(backend: str, exact: bool) -> str:
+    """The name of a target backend's plain or exact path: "torch", "torch+exact"."""
+    return backend + EXACT_PATH if exact else backend
+
+
+def path_backend(path: str) -> tuple[str, bool]:
+    """`target_path` undone: "torch+exact" -> ("torch", True)."""
+    return path.removesuffix(EXACT_PATH), path.endswith(EXACT_PATH)
 
 
 @dataclass
@@ -47,15 +66,24 @@ class BenchSettings:
     repeats: int = 1
     warmup: bool = True
     busy_cores: int = 0  # busy-spinning processes beside the measured runs (busy.py)
-    exact: bool = False  # every target scores exactly (models/exact.py)
+    exact: str = "off"  # EXACT_CHOICES: no target, every target, each both ways scores exactly
     chat: str = "auto"  # auto | yes | no
     verify_costs: dict = field(default_factory=dict)  # target backend -> [v_1..v_k] (bound.py)
     fastest_plain: str | None = None  # set by run_bench: `fastest_plain`
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self):
+        if self.exact not in EXACT_CHOICES:
+            raise AnydraftError(f"exact must be one of {', '.join(EXACT_CHOICES)}, got {self.exact!r}")
+
     @property
     def greedy(self) -> bool:
         return self.sampling.greedy
+
+    @property
+    def exact_variants(self) -> list[bool]:
+        """Each target backend's runs: plain, exact, or both (plain first)."""
+        return {"off": [False], "on": [True], "both": [False, True]}[self.exact]
 
     def to_dict(self) -> dict:
         """Flat, as results.json has always had them (draft and sampling fields inlined)."""
@@ -175,7 +203,6 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
               log: Callable[[str], None] | None = None) -> list[dict]:
     """Load each model once per backend, run everything, return the rows (see report.ROW_KEYS)."""
     from ..bridge import same_tokenizer
-    from ..decoder import Decoder
     from ..hardware import this_machine
     from ..models.backends import load
     from ..models.loading import load_tokenizer, resolve_device
@@ -184,8 +211,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     progress_note = log or (lambda m: None if quiet else print(m, file=sys.stderr, flush=True))
     for line in this_machine().lines():
         progress_note(line)
-    common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device,
-                  exact=settings.exact)
+    common = dict(draft=settings.draft, dtype=settings.dtype, device=settings.device)
     target_tok = load_tokenizer(settings.target)
     chat = _use_chat(settings, target_tok)
     settings.chat = "yes" if chat else "no"
@@ -206,7 +232,8 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     settings.verify_costs = {
         tb: verify_costs(curve_of(settings.target, t, tb, progress_note),
                          settings.draft.num_draft_tokens) for tb, t in targets.items()}
-    sides = backend_sides(settings.target_backends, settings.drafter_backends if settings.drafters else [])
+    paths = [target_path(tb, e) for tb in settings.target_backends for e in settings.exact_variants]
+    sides = backend_sides(paths, settings.drafter_backends if settings.drafters else [])
 
     def name_of(key) -> str:
         tb, name, db, method = key
@@ -244,24 +271,17 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
             else:
                 settings.notes.append(f"hf baseline for drafter {name}: {hf[name].mode}")
 
-    # (key, decoder, hf baseline or None); key = (target backend, drafter, drafter backend, method)
+    # (key, decoder, hf baseline or None); key = (target path, drafter, drafter backend, method),
+    # the target path a backend's plain or exact one (`target_path`); every decoder of a backend
+    # shares its loaded model: an exact decoder wraps it in a LoadedModel of its own, and the
+    # model computes as before outside an exact call (models/exact.py)
     jobs = []
     # without a drafter: prompt lookup, and auto when no drafter is given (it is lookup then)
     alone = [m for m in settings.methods if m == "lookup" or (m == "auto" and not drafters)]
     for tb, target in targets.items():
-        dec = Decoder(target=target.model, tokenizer=target_tok, method="ar", backend=tb, **common)
-        jobs += [((tb, None, None, m), dec, None) for m in ["ar", *alone]]
-        for (name, db), d in drafters.items():
-            dec = Decoder(target=target.model, tokenizer=target_tok, drafter=d.model,
-                          drafter_tokenizer=d.tokenizer, method="auto", backend=tb, drafter_backend=db,
-                          **common)
-            jobs += [((tb, name, db, m), dec, None) for m in todo[name]]
-            if settings.baseline_hf and (tb, db) != ("torch", "torch"):
-                settings.notes.append(
-                    f"{name_of((tb, name, db, 'hf'))} skipped: transformers' assisted generation "
-                    "needs the torch backend for both the target and the drafter")
-            elif hf[name] is not None:
-                jobs.append(((tb, name, db, "hf"), dec, hf[name]))
+        for exact in settings.exact_variants:
+            jobs += _path_jobs(settings, tb, target.model, target_tok, exact, alone, drafters, todo,
+                               hf, name_of, common)
     server = None
     if settings.baseline_llama_server:  # beside AR on llama.cpp (its own target backend)
         from ..models.llamacpp import requested_context
@@ -271,13 +291,46 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         context = getattr(targets[tb].model, "max_length", None) or requested_context()
         server = ServerBaseline(settings.target, context, progress_note).start()
         settings.notes.append(server.describe())
-        at = next(i for i, job in enumerate(jobs) if job[0] == (tb, None, None, "ar")) + 1
-        jobs.insert(at, ((tb, None, None, "llama-server"), jobs[at - 1][1], server))
+        path = target_path(tb, settings.exact_variants[0])
+        at = next(i for i, job in enumerate(jobs) if job[0] == (path, None, None, "ar")) + 1
+        jobs.insert(at, ((path, None, None, "llama-server"), jobs[at - 1][1], server))
     try:
         return _timed_runs(settings, prompts, jobs, target_tok, chat, name_of, progress_note, quiet)
     finally:
         if server is not None:
             server.close()
+
+
+def _path_jobs(settings: BenchSettings, tb: str, model, target_tok, exact: bool, alone: list[str],
+               drafters: dict, todo: dict, hf: dict, name_of, common: dict) -> list:
+    """The jobs of one target path: AR (and what needs no drafter), then each drafter's methods
+    and its hf baseline (beside the first path only: transformers' loop knows no exact)."""
+    from ..decoder import Decoder
+
+    path = target_path(tb, exact)
+    try:
+        dec = Decoder(target=model, tokenizer=target_tok, method="ar", backend=tb, exact=exact, **common)
+    except AnydraftError as exc:
+        if not exact or settings.exact != "both":
+            raise
+        settings.notes.append(f"{path} skipped: {exc}")  # the plain path still runs
+        return []
+    jobs = [((path, None, None, m), dec, None) for m in ["ar", *alone]]
+    first = exact == settings.exact_variants[0]
+    for (name, db), d in drafters.items():
+        dec = Decoder(target=model, tokenizer=target_tok, drafter=d.model,
+                      drafter_tokenizer=d.tokenizer, method="auto", backend=tb, drafter_backend=db,
+                      exact=exact, **common)
+        jobs += [((path, name, db, m), dec, None) for m in todo[name]]
+        if not settings.baseline_hf or not first:
+            continue
+        if (tb, db) != ("torch", "torch"):
+            settings.notes.append(
+                f"{name_of((path, name, db, 'hf'))} skipped: transformers' assisted generation "
+                "needs the torch backend for both the target and the drafter")
+        elif hf[name] is not None:
+            jobs.append(((path, name, db, "hf"), dec, hf[name]))
+    return jobs
 
 
 def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target_tok, chat: bool,
@@ -355,9 +408,9 @@ def _measured_runs(settings: BenchSettings, prompts: list[dict], jobs: list, run
 
 def fastest_plain(rows: list[dict]) -> str | None:
     """The label (`label` with every backend named) of the plain decoding that ran fastest,
-    by median tokens/s over the prompts: AR on each target backend, and llama-server where
-    it ran; sets every row's ``speedup_vs_fastest_plain`` (per prompt: its tokens/s over that
-    plain decoding's on the same prompt)."""
+    by median tokens/s over the prompts: AR on each target path (plain or exact), and
+    llama-server where it ran; sets every row's ``speedup_vs_fastest_plain`` (per prompt: its
+    tokens/s over that plain decoding's on the same prompt)."""
     plain = {}
     for r in rows:
         if r["method"] in ("ar", "llama-server"):
@@ -406,21 +459,25 @@ def _decode_speedup(stats: dict, base: dict) -> float | None:
 
 def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Progress,
                      name_of: Callable[[tuple], str], diverge: Callable | None = None) -> list[dict]:
-    ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target backend
+    ars = {key[0]: _median_run(v) for key, v in runs.items() if key[3] == "ar"}  # per target path
     hf_stats = {key[1]: _median_run(v)["stats"] for key, v in runs.items() if key[3] == "hf"}
     server = next((_median_run(v)["stats"] for key, v in runs.items() if key[3] == "llama-server"), None)
     k = settings.draft.num_draft_tokens
     rows = []
     for key, results in runs.items():
         tb, name, db, method = key
+        backend, exact = path_backend(tb)
         ar = ars[tb]
         ar_s = ar["stats"]
         res = _median_run(results)
         s = res["stats"]
+        # the same run without exact scoring, for what exact costs
+        plain = runs.get((backend, name, db, method)) if exact else None
+        plain_s = _median_run(plain)["stats"] if plain else None
         identical = (res["token_ids"] == ar["token_ids"]) if settings.greedy else None
         row = {
             "prompt_id": p["id"], "category": p["category"], "method": method, "drafter": name,
-            "target_backend": tb, "drafter_backend": db,
+            "target_backend": tb, "drafter_backend": db, "exact": exact,
             "resolved_method": s.get("method", method),
             "new_tokens": s["new_tokens"], "prompt_tokens": s["prompt_tokens"],
             "seconds": s["seconds"], "prefill_seconds": s.get("prefill_seconds"),
@@ -432,12 +489,14 @@ def _rows_for_prompt(p: dict, runs: dict, settings: BenchSettings, progress: Pro
             "decode_speedup_vs_llama_server": _decode_speedup(s, server) if server is not None else None,
             "speedup_vs_fastest_plain": None,  # once every prompt ran: `fastest_plain`
             "speedup_vs_hf": _speedup(s, hf_stats[name]) if name in hf_stats else None,
+            "speedup_vs_not_exact": _speedup(s, plain_s) if plain_s else None,
+            "decode_speedup_vs_not_exact": _decode_speedup(s, plain_s) if plain_s else None,
             "acceptance": None, "acceptance_per_token": None, "mean_accepted": None,
             "drafted": None, "accepted": None, "rejected": None, "target_calls": None,
             "drafter_calls": None,
             "draft_seconds": None, "target_seconds": None, "translate_seconds": None,
             "cost_ratio": None, "bound": None, "num_draft_tokens": None if method == "ar" else k,
-            "verify_costs": settings.verify_costs.get(tb),
+            "verify_costs": settings.verify_costs.get(backend),  # measured on the plain path
             "identical_to_ar": identical, "mismatch_at": None, "mismatch_margin": None,
             "finish_reason": res["finish_reason"], "text": res["text"],
         }
