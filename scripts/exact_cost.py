@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     rng = random.Random(0)
-    print(f"| path | call | plain ms | exact ms | exact / plain |\n|---|---|---|---|---|")
+    print("| path | call | plain ms | exact ms | exact / plain |\n|---|---|---|---|---|")
     for path in args.paths.split(","):
         backend, _, dtype = path.partition(":")
         plain = load(args.target, backend, dtype=dtype or "auto")
