@@ -144,7 +144,7 @@ class LoadedModel:
         from .rows import TorchBatch
 
         if not self.batches:
-            return SerialBatch(self.new_session, max_rows)
+            return SerialBatch(self.new_session, max_rows, self.exact)
         if isinstance(self.model, NullModel):
             return self.model.new_batch(max_rows)
         if isinstance(self.model, llamacpp.LlamaCppModel):

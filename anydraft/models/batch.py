@@ -35,6 +35,9 @@ class BatchSession(Protocol):
     vocab_size: int  # width of a logits row
     max_length: int  # context window of each row, in tokens
     max_rows: int
+    # every position scored bit-identically whatever the call (models/exact.py); its rows'
+    # prompts are then read in pieces that do not depend on the batch (planning/call.py `prefill`)
+    exact: bool
 
     def add_row(self) -> int: ...
 
@@ -67,6 +70,7 @@ class RowLengths:
 
     max_rows: int
     lengths: dict[int, int]
+    exact = False  # an exact `TorchBatch` says so
 
     def add_row(self) -> int:
         if len(self.lengths) >= self.max_rows:
@@ -122,10 +126,10 @@ class OwnRow(RowView):
 class SerialBatch:
     """A `BatchSession` whose rows are sessions of their own, fed one after another."""
 
-    def __init__(self, new_session: Callable[[], object], max_rows: int):
+    def __init__(self, new_session: Callable[[], object], max_rows: int, exact: bool = False):
         if max_rows < 1:
             raise AnydraftError(f"a batch needs at least one row (got max_rows={max_rows})")
-        self.new_session, self.max_rows = new_session, max_rows
+        self.new_session, self.max_rows, self.exact = new_session, max_rows, exact
         self.sessions: dict[int, object] = {}
         probe = new_session()  # the width and window every row shares
         self.vocab_size, self.max_length = probe.vocab_size, probe.max_length

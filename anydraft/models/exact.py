@@ -31,6 +31,19 @@ import torch
 # score 1, a longer draft for one more tile per TILE tokens (docs/exact.md has the costs)
 TILE = 8
 
+
+
+def reads(tokens: int, rows: int) -> bool:
+    """Whether an exact call of ``tokens`` tokens that returns the logits of its last ``rows``
+    is a prompt read: more than one token, the last one's logits only. Nothing else calls so (a
+    step asks for every candidate's logits, plain decoding's for its one token), and every path
+    reads a prompt in the same pieces, `PREFILL_CHUNK` tokens from its start (decoding/loop.py
+    and planning/call.py `prefill`), the last prompt token left for the first step. So an exact
+    call reads a prompt as a plain call does, at its cost: a prompt position is then computed
+    by the same call alone, in any batch, before any method."""
+    return tokens > 1 and rows == 1
+
+
 _tiling = contextvars.ContextVar("anydraft_exact_tiling", default=False)
 
 

@@ -27,6 +27,7 @@ import torch
 from ..atomic import replacing
 from ..errors import AnydraftError
 from .batch import full
+from .exact import reads
 from .session import ROLLBACK_HELP, rows_to_return
 from .threads import llamacpp_threads
 
@@ -221,7 +222,6 @@ class LlamaCppSession:
     """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
 
     batch = None  # a sequence of its own
-    chunk = BATCH  # the most tokens of one llama_decode
 
     def __init__(self, model: LlamaCppModel, context: _Context):
         self._lib, self._owner, self._context = model._lib, model, context
@@ -233,6 +233,10 @@ class LlamaCppSession:
     def __len__(self) -> int:
         return self._length
 
+    def _chunk(self, tokens: int, rows: int) -> int:
+        """The most tokens of one llama_decode in a call of ``tokens`` returning ``rows`` logits."""
+        return BATCH
+
     def _set_threads(self) -> None:
         """The threads of the next call: the free cores."""
         self._context.use_free_cores()
@@ -242,8 +246,9 @@ class LlamaCppSession:
         lib, batch = self._lib, self._batch
         out = np.empty((rows, self.vocab_size), dtype=np.float32)
         first_row = n - rows
-        for start in range(0, n, self.chunk):
-            chunk = ids[start:start + self.chunk]
+        size = self._chunk(n, rows)
+        for start in range(0, n, size):
+            chunk = ids[start:start + size]
             wanted = []
             for j, token in enumerate(chunk):
                 i = start + j
@@ -298,15 +303,16 @@ def exact_batch(model: LlamaCppModel, max_rows: int):
     order (docs/exact.md)."""
     from .batch import SerialBatch
 
-    return SerialBatch(lambda: model.new_session(exact=True), max_rows)
+    return SerialBatch(lambda: model.new_session(exact=True), max_rows, exact=True)
 
 
 class ExactSession(LlamaCppSession):
-    """A `LlamaCppSession` that decodes at most `EXACT_TOKENS` tokens a call, on a fixed number
-    of threads: a position's logits are then bit-identical whatever call scores it
-    (docs/exact.md)."""
+    """A `LlamaCppSession` that decodes at most `EXACT_TOKENS` tokens a call, a prompt read
+    (`exact.reads`) as a plain session does, on a fixed number of threads: a position's logits
+    are then bit-identical whatever call scores it (docs/exact.md)."""
 
-    chunk = EXACT_TOKENS
+    def _chunk(self, tokens: int, rows: int) -> int:
+        return BATCH if reads(tokens, rows) else EXACT_TOKENS  # a prompt: as a plain read
 
     def _set_threads(self) -> None:
         self._context.use_threads(_threads())  # the same count whatever the load
@@ -330,6 +336,8 @@ class LlamaCppBatch:
     alone by rounding: llama.cpp's CPU kernels (flash attention's f16 sums, the tiles of a
     matrix product) round with the shape of the call and the row's place in it, as a session's
     logits already do with the sizes it is fed in (tests/models/test_llamacpp_batch.py)."""
+
+    exact = False  # an exact batch is `exact_batch`
 
     def __init__(self, model: LlamaCppModel, max_rows: int, cells: int | None = None):
         lib = model._lib

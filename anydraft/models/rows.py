@@ -16,8 +16,9 @@ is a number: the row's length. The model code is transformers' own; only the cac
 attention dispatch and the mask are ours.
 
 An exact batch (``exact=True``, models/exact.py) scores every position bit-identically whatever
-the call: its linear layers multiply in fixed tiles, each query attends alone to its own
-prefix, and its calls run on a fixed number of threads.
+the call: its linear layers multiply in fixed tiles, each query of a step attends alone to its
+own prefix (a prompt read, `exact.reads`, attends as a row's tokens do without exact), and its
+calls run on a fixed number of threads.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from .threads import model_threads
 MASKS = ("sdpa", "eager")  # attention implementations that take a ready 4D mask
 PACKED = "anydraft_rows"  # the attention implementation a packed call runs under
 LAYOUT = "anydraft_rows_layout"  # the keyword that carries a call's layout to the attention
-EXACT = "anydraft_exact"  # a layout's attention when the batch is exact: each query alone
 
 
 def batchable(model) -> bool:
@@ -135,11 +135,13 @@ class TorchBatch(RowLengths):
             self.call.append((r, len(ids), len(feeds[r])))
             ids += feeds[r]
             positions += range(self.lengths[r], self.lengths[r] + len(feeds[r]))
-        if self.exact:  # each query alone over its own prefix: the attention of a plain step
-            layout = [(r, start + t, 1, self.lengths[r] + t + 1, None)
-                      for r, start, n in self.call for t in range(n)]
-        else:
-            layout = [(r, start, n, self.lengths[r] + n, self._mask(r, n)) for r, start, n in self.call]
+        layout = []
+        for r, start, n in self.call:
+            if self.exact and not exact_scoring.reads(n, wanted[r]):
+                # each query alone over its own prefix: the attention of a plain step
+                layout += [(r, start + t, 1, self.lengths[r] + t + 1, None) for t in range(n)]
+            else:  # the row's tokens together (an exact prompt read: as it is read alone)
+                layout.append((r, start, n, self.lengths[r] + n, self._mask(r, n)))
         config = self.model.config
         config._attn_implementation_internal = PACKED
         try:
@@ -150,7 +152,7 @@ class TorchBatch(RowLengths):
                 # travel in the layout
                 attention_mask=torch.ones((1, 1, len(ids), 1), dtype=torch.bool, device=self.device),
                 cache=self.cache, use_cache=True,
-                **{LAYOUT: (EXACT if self.exact else self.attention, layout)},
+                **{LAYOUT: (self.attention, layout, self.exact)},
             ).last_hidden_state[0]
         finally:
             config._attn_implementation_internal = self.attention
@@ -185,13 +187,11 @@ def _rows_attention(module, query, key, value, attention_mask, **kwargs):
     plain sdpa."""
     if LAYOUT not in kwargs:
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
-    implementation, layout = kwargs.pop(LAYOUT)
-    if implementation == EXACT:
-        attend = _one_query
-    else:
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-    outs = [attend(module, query[:, :, start:start + n], key[r:r + 1, :, :width],
-                   value[r:r + 1, :, :width], mask, **kwargs)[0]
+    implementation, layout, exact = kwargs.pop(LAYOUT)
+    together = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    outs = [(_one_query if exact and n == 1 else together)(
+                module, query[:, :, start:start + n], key[r:r + 1, :, :width],
+                value[r:r + 1, :, :width], mask, **kwargs)[0]
             for r, start, n, width, mask in layout]
     return torch.cat(outs, dim=1), None  # [1, tokens, heads, dim], as every attention returns
 

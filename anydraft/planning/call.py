@@ -176,7 +176,9 @@ def prefill(rows: list, calls: list[Call], choices: list[Choice], candidates: li
                                               steps, min_prefill)
         for state in [s for s in pending if call.batch is not None and s.target.batch is call.batch]:
             if budget > 0:
-                call.prefills.append((state, state.pending[:-1][:budget]))
+                # an exact batch reads a prompt in the pieces a request alone does (`exact.reads`)
+                piece = PREFILL_CHUNK if call.batch.exact else budget
+                call.prefills.append((state, state.pending[:-1][:piece]))
                 budget -= len(call.prefills[-1][1])
             pending.remove(state)  # a joiner of this batch waits for its next call, never alone
         call.tokens = steps + sum(len(ids) for _, ids in call.prefills)

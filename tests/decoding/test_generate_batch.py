@@ -201,6 +201,33 @@ def test_a_batchs_min_prefill_reaches_every_step(decoders, monkeypatch):
         assert g.result()[1].token_ids == decoder.generate(prompt, 12, chat=False).token_ids
 
 
+def test_an_exact_batch_reads_a_joining_prompt_as_a_request_alone(tok, monkeypatch):
+    """Beside a decoding row, an exact batch reads a joining prompt `PREFILL_CHUNK` tokens a
+    call, whatever `prefill_budget` allows: the pieces a request alone is read in
+    (decoding/loop.py `prefill`), so its prompt positions are computed by the same calls."""
+    from anydraft.decoding import Batch
+    from anydraft.models.session import PREFILL_CHUNK
+    from anydraft.planning import call as call_module
+
+    decoder = Decoder(target=tiny_llama(len(tok), max_positions=1024), tokenizer=tok, method="ar")
+    sizes: list[dict[int, int]] = []
+    monkeypatch.setattr(call_module, "prefill_budget", lambda curve, tokens, min_prefill: 5)
+    rows = Rows(Sizes(sizes, decoder.target.new_session, 2, True), None)
+    batch = Batch()
+    first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
+    batch.join(first)
+    batch.run_once()
+    long_prompt = "".join(chr(97 + i * 7 % 26) for i in range(320))  # 320 tokens: two pieces
+    second = decoder.start(long_prompt, 12, rows=rows, chat=False)
+    batch.join(second)
+    while batch:
+        batch.run_once()
+    reads = [s[second.state.target.row] for s in sizes if len(s) == 2 and s[second.state.target.row] > 1]
+    n = len(decoder.prompt_ids(long_prompt, chat=False))
+    assert reads == [PREFILL_CHUNK, n - 1 - PREFILL_CHUNK]  # the last prompt token: the first step's
+    assert second.result()[1].token_ids == decoder.generate(long_prompt, 12, chat=False).token_ids
+
+
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 7}])
 def test_the_drafters_of_a_batch_draft_in_one_call(decoders, sampling, monkeypatch):
     """Each drafting pass of every row drafting is one call of the drafter's batch

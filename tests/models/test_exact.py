@@ -1,7 +1,8 @@
 """Exact scoring (models/exact.py, docs/exact.md): a position's logits are bitwise equal to the
 same position scored alone, one token per call, whatever its call: a draft of any length,
-beside other rows of a batch, after a prompt read in any pieces, on 1 or 2 threads. And so
-greedy output of every method, alone and in a batch, is token-identical to plain decoding."""
+beside other rows of a batch (reading prompts or scoring drafts), after the same prompt read,
+on 1 or 2 threads. And so greedy output of every method, alone and in a batch, is
+token-identical to plain decoding."""
 
 from __future__ import annotations
 
@@ -33,22 +34,21 @@ def alone(new_session, prompt: list[int], cont: list[int]) -> list[torch.Tensor]
 def in_calls(batch, prompt: list[int], cont: list[int], drafts: list[int], mates: int,
              rng: random.Random, vocab: int) -> list[torch.Tensor]:
     """``cont``'s positions scored in calls of ``drafts[i] + 1`` tokens in ``batch``, beside
-    ``mates`` other rows that read random tokens in every call; the prompt read in two pieces."""
+    ``mates`` other rows that read random tokens or score random drafts in every call; the
+    prompt read in one piece, as alone (every path reads a prompt in the same pieces)."""
     row, others = batch.add_row(), [batch.add_row() for _ in range(mates)]
 
     def noise():
         return {o: [rng.randrange(vocab) for _ in range(rng.randint(1, 12))] for o in others}
 
-    cut = rng.randint(1, len(prompt))
-    for piece in (prompt[:cut], prompt[cut:]):
-        if piece:
-            feeds = {row: piece} | noise()
-            batch.feed_rows(feeds, {r: 1 for r in feeds})
+    feeds = {row: prompt} | noise()
+    batch.feed_rows(feeds, {r: 1 if r == row else rng.choice([1, len(ids)]) for r, ids in feeds.items()})
     got, at, i = [], 0, 0
     while at < len(cont):
         chunk = cont[at:at + drafts[i % len(drafts)] + 1]
         feeds = {row: chunk} | noise()
-        got += list(batch.feed_rows(feeds, {r: len(ids) if r == row else 1 for r, ids in feeds.items()})[row])
+        wanted = {r: len(ids) if r == row else rng.choice([1, len(ids)]) for r, ids in feeds.items()}
+        got += list(batch.feed_rows(feeds, wanted)[row])
         at, i = at + len(chunk), i + 1
     return got
 
