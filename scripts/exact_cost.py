@@ -1,6 +1,7 @@
 """What exact scoring (models/exact.py, docs/exact.md) costs per call, per path: the median
 seconds of one plain step (1 token), one verification (`--draft` + 1 tokens) and one prompt
-read (`--prompt` tokens), exact and not, interleaved so that a change of load hits both alike.
+read (`--prompt` tokens, the last one's logits asked for, as a decoder reads a prompt), exact
+and not, interleaved so that a change of load hits both alike.
 
     flock /tmp/anydraft-bench.lock chrt -f 10 python scripts/exact_cost.py \\
         --target smollm2-135m --paths torch:bfloat16,torch:float32,llamacpp
@@ -16,11 +17,11 @@ import time
 from anydraft.models.backends import load
 
 
-def seconds(session, ids: list[int]) -> float:
-    """One call of ``ids`` after the session's context, taken back after."""
+def seconds(session, ids: list[int], rows: int) -> float:
+    """One call of ``ids`` (``rows`` logits asked for) after the session's context, taken back after."""
     at = len(session)
     start = time.perf_counter()
-    session.feed(ids, len(ids))
+    session.feed(ids, rows)
     took = time.perf_counter() - start
     session.rollback(at)
     return took
@@ -56,7 +57,7 @@ def main() -> None:
                     continue
                 ids = [rng.randrange(vocab) for _ in range(size)]
                 for name in (("plain", "exact") if r % 2 else ("exact", "plain")):
-                    took = seconds(sessions[name], ids)
+                    took = seconds(sessions[name], ids, 1 if size == args.prompt else size)  # a prompt: its last
                     if r:
                         times[(call, name)].append(took)
         for call in calls:
