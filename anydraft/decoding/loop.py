@@ -139,8 +139,10 @@ class Generation:
     def start(self, chunks: int | None = None) -> bool:
         """Read the prompt and start the method; whether it started. The prompt is read in
         chunks when something can cancel (asked before each chunk: False and `done` when it
-        answers) or when ``chunks`` limits this call to that many (False, not done, while
-        some is left). ``chunks=0`` reads nothing: a batch's steps read the prompt (`step`'s
+        answers), when ``chunks`` limits this call to that many (False, not done, while
+        some is left), or when the target is exact (models/exact.py `reads`: its prompt is read
+        in the same pieces on every path, never with the first step); else with the first
+        step. ``chunks=0`` reads nothing: a batch's steps read the prompt (`step`'s
         ``joining``), and this only asks ``cancel`` and starts the method once all is read."""
         stats, state = self.state.stats, self.state
         if not stats.prompt_tokens:  # the first call
@@ -148,7 +150,7 @@ class Generation:
             stats.prompt_tokens = self.prompt_tokens
             self._start = time.perf_counter()
             state.cancel = self.cancel
-        if self.cancel is not None or chunks is not None:
+        if self.cancel is not None or chunks is not None or state.target.exact:
             cancel = self.cancel or (lambda: None)
             if reason := (cancel() if chunks == 0 else prefill(state, cancel, chunks=chunks)):
                 self.finish.reason = reason

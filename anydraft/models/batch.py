@@ -96,6 +96,7 @@ class RowView:
 
     def __init__(self, batch: BatchSession):
         self.batch = self._rows = batch
+        self.exact = batch.exact
         self.row = batch.add_row()
         self.vocab_size, self.max_length = batch.vocab_size, batch.max_length
         self._free = weakref.finalize(self, batch.remove_row, self.row)

@@ -222,6 +222,7 @@ class LlamaCppSession:
     """One sequence's KV cache in its own llama.cpp context (see the module docstring)."""
 
     batch = None  # a sequence of its own
+    exact = False  # models/exact.py
 
     def __init__(self, model: LlamaCppModel, context: _Context):
         self._lib, self._owner, self._context = model._lib, model, context
@@ -237,8 +238,8 @@ class LlamaCppSession:
         """The most tokens of one llama_decode in a call of ``tokens`` returning ``rows`` logits."""
         return BATCH
 
-    def _set_threads(self) -> None:
-        """The threads of the next call: the free cores."""
+    def _set_threads(self, tokens: int, at: int) -> None:
+        """The threads of the next call of ``tokens`` tokens from position ``at``: the free cores."""
         self._context.use_free_cores()
 
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
@@ -260,7 +261,7 @@ class LlamaCppSession:
                 if i >= first_row:
                     wanted.append(j)
             batch.n_tokens = len(chunk)
-            self._set_threads()
+            self._set_threads(len(chunk), self._length + start)
             status = lib.llama_decode(self._ctx, batch)
             if status != 0:
                 self.rollback(self._length)  # drop whatever the failed call left behind
@@ -295,6 +296,12 @@ class LlamaCppSession:
 # step 3-4 times its time, where reading a verification 3 tokens a call costs a plain step nothing
 EXACT_TOKENS = 3
 
+# context (cells of the KV cache before a call) from which llama.cpp's CPU flash attention
+# splits a one-token call's keys over the threads, and so sums them in another order than a
+# call of 2 or 3 tokens (up to 0.34 logits apart on Qwen2.5-0.5B Q4, 2 threads; identical below
+# 256 and on one thread: docs/exact.md). An exact session runs such calls on one thread
+SPLIT_KEYS = 256
+
 
 def exact_batch(model: LlamaCppModel, max_rows: int):
     """The rows of an exact batch: exact sessions fed one after another. One context for all
@@ -308,14 +315,19 @@ def exact_batch(model: LlamaCppModel, max_rows: int):
 
 class ExactSession(LlamaCppSession):
     """A `LlamaCppSession` that decodes at most `EXACT_TOKENS` tokens a call, a prompt read
-    (`exact.reads`) as a plain session does, on a fixed number of threads: a position's logits
-    are then bit-identical whatever call scores it (docs/exact.md)."""
+    (`exact.reads`) as a plain session does, on a fixed number of threads (one for a single
+    token after `SPLIT_KEYS`): a position's logits are then bit-identical whatever call scores
+    it (docs/exact.md)."""
+
+    exact = True
 
     def _chunk(self, tokens: int, rows: int) -> int:
         return BATCH if reads(tokens, rows) else EXACT_TOKENS  # a prompt: as a plain read
 
-    def _set_threads(self) -> None:
-        self._context.use_threads(_threads())  # the same count whatever the load
+    def _set_threads(self, tokens: int, at: int) -> None:
+        # the same count whatever the load; one thread where llama.cpp would split the keys
+        alone = tokens == 1 and at >= SPLIT_KEYS
+        self._context.use_threads(1 if alone else _threads())
 
 
 class LlamaCppBatch:

@@ -74,6 +74,7 @@ class NullSession:
     """A `Session` (models/session.py) of a `NullModel`."""
 
     batch = None  # a sequence of its own
+    exact = False  # models/exact.py
 
     def __init__(self, model: NullModel):
         self.model, self.vocab_size, self.max_length = model, model.vocab_size, model.max_length

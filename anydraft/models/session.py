@@ -29,6 +29,7 @@ class Session(Protocol):
     vocab_size: int  # width of a logits row (may exceed the tokenizer's vocabulary: padding)
     max_length: int  # context window in tokens
     batch: object  # the BatchSession this session is a row of, or None
+    exact: bool  # scores a position bit-identically whatever the call (models/exact.py)
 
     def __len__(self) -> int: ...
 
@@ -64,6 +65,7 @@ class HFSession:
     """
 
     batch = None  # a sequence of its own
+    exact = False  # models/exact.py
 
     def __init__(self, model):
         from transformers import DynamicCache

@@ -79,6 +79,7 @@ class StaticSession:
     """A `Session` (models/session.py) over a `CompiledModel`'s static cache."""
 
     batch = None  # a sequence of its own
+    exact = False  # models/exact.py
 
     def __init__(self, compiled: CompiledModel):
         from transformers import StaticCache

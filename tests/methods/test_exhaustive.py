@@ -96,7 +96,7 @@ def test_a_drafter_behind_by_more_than_its_context_reads_only_the_end():
     from anydraft.methods.drafter import Drafter
 
     class Recorder:
-        max_length, vocab_size, batch = 100, 4, None
+        max_length, vocab_size, batch, exact = 100, 4, None, False
 
         def __init__(self):
             self.cache, self.fed = [], []

@@ -59,6 +59,7 @@ class Biased:
     """A drafter session whose every third row makes `<0x04>` its argmax."""
 
     batch = None
+    exact = False
 
     def __init__(self, session, token):
         self.session, self.token, self.rows = session, token, 0

@@ -66,6 +66,7 @@ class ToySession:
     """A `Session` whose next-token logits are a hash of the ids so far (float64)."""
 
     batch = None
+    exact = False
 
     def __init__(self, vocab_size: int, salt: str, scale: float = 2.0, max_length: int = 64):
         self.vocab_size = vocab_size

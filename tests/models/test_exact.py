@@ -76,6 +76,30 @@ def test_torch_positions_score_alike_in_any_call(tiny, monkeypatch_threads, seed
     check(tiny, seed, drafts, mates, 300)
 
 
+class Shifty(torch.nn.Linear):
+    """A layer whose rows change with the rows of its call, as a kernel chosen by M may."""
+
+    def forward(self, x):
+        return super().forward(x) + len(x) * 1e-3
+
+
+def test_a_layer_whose_rows_change_with_the_call_keeps_its_tiles():
+    """`uniform` says no for such a layer, and `TiledLinear` then multiplies tiles of `TILE`
+    rows: a row's result stays what it is alone; a plain layer (uniform here or not) agrees
+    with its tiles either way."""
+    from anydraft.models import exact as exact_scoring
+
+    shifty, plain = Shifty(16, 8), torch.nn.Linear(16, 8)
+    assert not exact_scoring.uniform(shifty)
+    x = torch.randn(21, 16)
+    for layer in (shifty, plain):
+        wrapped = exact_scoring.TiledLinear(layer)
+        with torch.inference_mode(), exact_scoring.tiled():
+            got = wrapped(x)
+            alone = torch.cat([wrapped(x[i:i + 1]) for i in range(len(x))])
+        assert torch.equal(got, alone)
+
+
 @pytest.fixture
 def monkeypatch_threads(monkeypatch):
     """Set the free cores a non-exact call would take (an exact one takes the process's)."""
@@ -181,3 +205,35 @@ def test_greedy_output_of_every_method_is_plain_decoding(target_backend):
         batch = dec.generate_batch(PROMPTS, max_new_tokens=20, method=method)
         assert [out.token_ids for out in batch] == plain, method
     assert [out.token_ids for out in dec.generate_batch(PROMPTS, max_new_tokens=20, method="ar")] == plain
+
+
+LONG = ("Explain, step by step and with an example for each, how a hash map handles collisions, "
+        "how it grows, and what its operations cost. ") * 12  # ~300 tokens: two prompt pieces
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("path", ["llamacpp", "torch"])
+def test_every_method_scores_each_position_as_plain_decoding_after_a_long_prompt(path):
+    """Exact, a prompt longer than one `PREFILL_CHUNK` (and than llama.cpp's `SPLIT_KEYS`):
+    each method, alone and in a batch beside a short prompt, commits plain decoding's tokens
+    with plain decoding's log-probabilities, bit for bit, so every position was scored as
+    plain decoding scored it (tokens alone would hide a difference away from near ties).
+    llama.cpp: Qwen2.5-0.5B's GGUF, whose calls of 4 or more tokens run other kernels (above);
+    torch: SmolLM2 in bfloat16. The drafter is the target itself: every draft is accepted,
+    so verifications are long."""
+    if path == "llamacpp":
+        require_llamacpp()
+    name = "qwen2.5-coder-0.5b" if path == "llamacpp" else "smollm2-135m"
+    require_model(name)
+    dec = Decoder(name, name, backend=path, dtype="bfloat16" if path == "torch" else "auto",
+                  drafter_backend="llamacpp" if path == "llamacpp" else "torch", exact=True)
+    prompts = [LONG, "def fibonacci(n):"]
+
+    def seen(outs):
+        return [(o.token_ids, [t.logprob for t in o.logprobs]) for o in outs]
+
+    opts = dict(max_new_tokens=16, logprobs=0, chat=False)
+    plain = seen(dec.generate(p, method="ar", **opts) for p in prompts)
+    for method in ("sd", "lookup"):
+        assert seen(dec.generate(p, method=method, **opts) for p in prompts) == plain, method
+        assert seen(dec.generate_batch(prompts, method=method, **opts)) == plain, method

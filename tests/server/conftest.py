@@ -98,6 +98,7 @@ class SlowSession:
     token: steps that show no text) or fail on its ``fail_at``-th call (a backend error)."""
 
     batch = None
+    exact = False
 
     def __init__(self, inner, per_call=0.0, per_token=0.0, force=None, fail_at=None, log=None):
         self.inner, self.per_call, self.per_token = inner, per_call, per_token
