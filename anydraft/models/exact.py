@@ -15,7 +15,8 @@ bfloat16, each with and without +onednn; docs/exact.md):
 So an exact call runs every linear layer on tiles of exactly `TILE` rows (the last one padded
 with zeros), each query's attention as one query alone over its own prefix, and the model on a
 fixed thread count (models/threads.py `model_threads`). Elementwise work (norms, rotary
-embeddings, activations) is per row and already the same in any call.
+embeddings, activations) is per row and already the same in any call. A prompt is read as
+without exact (`reads`), in the same pieces on every path.
 
 Where one product of any multiple of `TILE` rows gives each row what tiles of `TILE` give
 (measured here for every multiple of 4 up to 512 rows, on both dtypes: `uniform` checks it on
@@ -36,7 +37,6 @@ import torch
 # (a draft of up to 7 tokens and its bonus) in one tile: a plain step pays for TILE rows to
 # score 1, a longer draft for one more tile per TILE tokens (docs/exact.md has the costs)
 TILE = 8
-
 
 
 def reads(tokens: int, rows: int) -> bool:
