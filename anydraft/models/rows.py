@@ -17,9 +17,9 @@ attention dispatch and the mask are ours.
 
 An exact batch (``exact=True``, models/exact.py) scores every position bit-identically whatever
 the call: its linear layers multiply in fixed tiles (or in one product where that is the same,
-`exact.uniform`), each query of a step attends alone to its
-own prefix (a prompt read, `exact.reads`, attends as a row's tokens do without exact), and its
-calls run on a fixed number of threads.
+`exact.uniform`), each query of a step attends alone to its own prefix (a prompt read,
+`exact.reads`, attends as a row's tokens do without exact), and its calls run on a fixed number
+of threads.
 """
 
 from __future__ import annotations
