@@ -23,6 +23,7 @@ from .chat import chat_ids
 from .config import DraftConfig, check_method, override
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
+from .hardware.exact_cost import choose as choose_exact
 from .hardware.profile import cached_curve
 from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
@@ -62,11 +63,12 @@ class Decoder:
         # backend or dtype takes the path that serves that many best (hardware/profile.py `worth`)
         rows: int = 1,
         # score every position of the target bit-identically whatever the call (models/exact.py):
-        # greedy output identical to plain one-request decoding, in any method and batch
-        exact: bool = False,
+        # greedy output identical to plain one-request decoding, in any method and batch;
+        # "auto": where this machine measured that it costs little (hardware/exact_cost.py)
+        exact: bool | str = "auto",
     ):
-        if not isinstance(exact, bool):
-            raise AnydraftError(f"exact must be True or False, got {exact!r}")
+        if exact not in (True, False, "auto"):
+            raise AnydraftError(f"exact must be True, False or 'auto', got {exact!r}")
         parse_dtype(dtype, allow_auto=True)
         check_backend(backend)
         if isinstance(target, str):  # a model object is used where it already is
@@ -90,6 +92,13 @@ class Decoder:
                               adaptive=adaptive, drafter_context=drafter_context)
         check_method(self.draft.method, has_drafter=drafter is not None)
         self.target = load(target, backend, tokenizer, dtype, device, progress, rows=rows)
+        #: what ``exact="auto"`` chose and why (hardware/exact_cost.py `Choice`); None when given
+        self.exact_choice = None
+        if exact == "auto":
+            self.exact_choice = choose_exact(target if isinstance(target, str) else None, self.target, rows)
+            exact = self.exact_choice.on
+            if progress:
+                progress(self.exact_choice.describe())
         if exact:
             self.target.make_exact()
         self.drafter = None

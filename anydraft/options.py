@@ -17,6 +17,9 @@ import sys
 from .config import DraftConfig
 from .sampling import SamplingParams
 
+# --exact: its words and the `Decoder` ``exact`` each stands for
+EXACT_CHOICES = {"on": True, "off": False, "auto": "auto"}
+
 
 def logit_bias(text: str) -> dict[int, float]:
     """``--logit-bias ID=BIAS,ID=BIAS`` as {id: bias} (`SamplingParams` checks the values)."""
@@ -97,9 +100,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter-backend", default=None, choices=("auto", "torch", "llamacpp"),
                         help="default: auto (the faster for the drafter here, measured once), "
                              "whatever --target-backend is")
-    parser.add_argument("--exact", action="store_true",
-                        help="score the target so that greedy output is token-identical to plain "
-                             "one-request decoding in any method and batch (docs/exact.md)")
+    parser.add_argument("--exact", nargs="?", const="on", default="auto", choices=EXACT_CHOICES,
+                        help="on (--exact alone): score the target so that greedy output is "
+                             "token-identical to plain one-request decoding in any method and "
+                             "batch; auto (default): on where `anydraft doctor` measured that it "
+                             "costs little here; off (docs/exact.md)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch "
                              "models; llama.cpp runs on the CPU")
@@ -115,4 +120,4 @@ def decoder_options(args: argparse.Namespace) -> dict:
     return dict(target=args.target, drafter=args.drafter, dtype=args.dtype,
                 drafter_dtype=args.drafter_dtype, backend=args.target_backend,
                 drafter_backend=args.drafter_backend, device=args.device, draft=draft_config(args),
-                progress=progress, exact=getattr(args, "exact", False))
+                progress=progress, exact=EXACT_CHOICES[getattr(args, "exact", "auto")])

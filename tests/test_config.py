@@ -127,3 +127,16 @@ def test_command_line_starts_without_torch(argv):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout  # the help or the list was printed
+
+
+@pytest.mark.parametrize("argv,exact", [([], "auto"), (["--exact"], True), (["--exact", "on"], True),
+                                        (["--exact", "off"], False), (["--exact", "auto"], "auto")])
+def test_exact_option_maps_to_the_decoder(argv, exact):
+    from anydraft.options import add_model_options, decoder_options
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    add_draft_options(parser)
+    assert decoder_options(parser.parse_args(["--target", "t", *argv]))["exact"] == exact
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--target", "t", "--exact", "yes"])

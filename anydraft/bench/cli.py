@@ -56,11 +56,12 @@ def register(sub) -> None:
     b.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (cuda when there is a GPU, else cpu) | cpu | cuda: for torch models; "
                         "llama.cpp runs on the CPU")
-    b.add_argument("--exact", nargs="?", const="on", default="off", metavar="on|both|off",
+    b.add_argument("--exact", nargs="?", const="on", default="auto", metavar="auto|on|both|off",
                    help="on (--exact alone): every target scores exactly, greedy output identical "
                         "to plain one-request decoding on the same path (docs/exact.md); both: "
                         "each target backend plain and exact, interleaved, with a table of what "
-                        "exact costs (exact AR / plain AR, exact auto / plain auto); default off")
+                        "exact costs (exact AR / plain AR, exact auto / plain auto); auto "
+                        "(default): each target as `Decoder` chooses here (`anydraft doctor`); off")
     add_draft_options(b, skip=("method",))  # --methods instead; k is also the bound's
     add_sampling_options(b, SamplingParams(seed=0))  # seeded: a sampling run repeats exactly
     b.add_argument("--repeats", type=int, default=1, help="run everything R times, keep the median")
@@ -101,7 +102,7 @@ def settings_from_args(args):
         raise AnydraftError(f"--busy-cores must be >= 0, got {args.busy_cores}")
     if args.exact not in EXACT_CHOICES:
         raise AnydraftError(f"unknown --exact {args.exact!r}: on (or --exact alone: every target "
-                            "exact), both (plain and exact side by side) or off")
+                            "exact), both (plain and exact side by side), auto (as doctor measured) or off")
     draft, sampling = draft_config(args), sampling_params(args)
     baselines = [b.strip() for b in (args.baseline or "").split(",") if b.strip()]
     for b in baselines:
@@ -164,7 +165,7 @@ def cmd_bench(args) -> int:
                 if [settings.target_backends, settings.drafter_backends] != [["torch"]] * 2 else "")
     say(f"bench: {len(prompts)} prompts x {len(settings.methods)} methods "
         f"x {max(1, len(settings.drafters))} drafter(s){backends}"
-        f"{'' if settings.exact == 'off' else ', exact ' + settings.exact}, {settings.repeats} repeat(s) -> {out}")
+        f"{'' if settings.exact in ('off', 'auto') else ', exact ' + settings.exact}, {settings.repeats} repeat(s) -> {out}")
     rows = run_bench(settings, prompts, quiet=args.json)
     meta = build_meta(settings, command_line(args), prompts, args.dataset)
     results = write_results(out, meta, rows)

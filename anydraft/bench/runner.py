@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import DraftConfig, check_method
 from ..errors import AnydraftError
+from ..hardware.exact_cost import choose as choose_exact
 from ..hardware.profile import curve_of
 from ..models.backends import BACKENDS
 from ..sampling import SamplingParams
@@ -32,8 +33,9 @@ from .host import host_fields
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only
 BASELINES = ("hf", "llama-server")
-# --exact: every target plain, every target exact, or each both ways in the same run
-EXACT_CHOICES = ("off", "on", "both")
+# --exact: every target plain, every target exact, each both ways in the same run, or each as
+# `Decoder`'s exact="auto" chooses on this machine (hardware/exact_cost.py)
+EXACT_CHOICES = ("off", "on", "both", "auto")
 EXACT_PATH = "+exact"  # a target backend's exact path: "torch+exact" (rows' target_backend)
 
 
@@ -66,7 +68,8 @@ class BenchSettings:
     repeats: int = 1
     warmup: bool = True
     busy_cores: int = 0  # busy-spinning processes beside the measured runs (busy.py)
-    exact: str = "off"  # EXACT_CHOICES: no target, every target, each both ways scores exactly
+    exact: str = "auto"  # EXACT_CHOICES: no target, every target, each both ways, as auto chooses
+    exact_auto: dict = field(default_factory=dict)  # target backend -> what auto chose and why
     chat: str = "auto"  # auto | yes | no
     verify_costs: dict = field(default_factory=dict)  # target backend -> [v_1..v_k] (bound.py)
     fastest_plain: str | None = None  # set by run_bench: `fastest_plain`
@@ -80,9 +83,10 @@ class BenchSettings:
     def greedy(self) -> bool:
         return self.sampling.greedy
 
-    @property
-    def exact_variants(self) -> list[bool]:
-        """Each target backend's runs: plain, exact, or both (plain first)."""
+    def exact_variants(self, backend: str) -> list[bool]:
+        """A target backend's runs: plain, exact, or both (plain first)."""
+        if self.exact == "auto":
+            return [self.exact_auto[backend]["on"]]
         return {"off": [False], "on": [True], "both": [False, True]}[self.exact]
 
     def to_dict(self) -> dict:
@@ -232,7 +236,12 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     settings.verify_costs = {
         tb: verify_costs(curve_of(settings.target, t, tb, progress_note),
                          settings.draft.num_draft_tokens) for tb, t in targets.items()}
-    paths = [target_path(tb, e) for tb in settings.target_backends for e in settings.exact_variants]
+    if settings.exact == "auto":  # what a Decoder given this target's name would choose
+        for tb, target in targets.items():
+            choice = choose_exact(settings.target, target)
+            settings.exact_auto[tb] = {"on": choice.on, "why": choice.why}
+            settings.notes.append(f"{tb} target: {choice.describe()}")
+    paths = [target_path(tb, e) for tb in settings.target_backends for e in settings.exact_variants(tb)]
     sides = backend_sides(paths, settings.drafter_backends if settings.drafters else [])
 
     def name_of(key) -> str:
@@ -279,7 +288,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
     # without a drafter: prompt lookup, and auto when no drafter is given (it is lookup then)
     alone = [m for m in settings.methods if m == "lookup" or (m == "auto" and not drafters)]
     for tb, target in targets.items():
-        for exact in settings.exact_variants:
+        for exact in settings.exact_variants(tb):
             jobs += _path_jobs(settings, tb, target.model, target_tok, exact, alone, drafters, todo,
                                hf, name_of, common)
     server = None
@@ -291,7 +300,7 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         context = getattr(targets[tb].model, "max_length", None) or requested_context()
         server = ServerBaseline(settings.target, context, progress_note).start()
         settings.notes.append(server.describe())
-        path = target_path(tb, settings.exact_variants[0])
+        path = target_path(tb, settings.exact_variants(tb)[0])
         at = next(i for i, job in enumerate(jobs) if job[0] == (path, None, None, "ar")) + 1
         jobs.insert(at, ((path, None, None, "llama-server"), jobs[at - 1][1], server))
     try:
@@ -316,7 +325,7 @@ def _path_jobs(settings: BenchSettings, tb: str, model, target_tok, exact: bool,
         settings.notes.append(f"{path} skipped: {exc}")  # the plain path still runs
         return []
     jobs = [((path, None, None, m), dec, None) for m in ["ar", *alone]]
-    first = exact == settings.exact_variants[0]
+    first = exact == settings.exact_variants(tb)[0]
     for (name, db), d in drafters.items():
         dec = Decoder(target=model, tokenizer=target_tok, drafter=d.model,
                       drafter_tokenizer=d.tokenizer, method="auto", backend=tb, drafter_backend=db,

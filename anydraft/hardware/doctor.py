@@ -8,8 +8,9 @@ import sys
 from ..errors import AnydraftError
 from ..models import synthetic
 from ..models.backends import load
+from ..models.static import SUFFIX as COMPILED
 from ..planning.settings import SETTINGS
-from . import profile
+from . import exact_cost, profile
 from .machine import this_machine
 
 LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
@@ -52,6 +53,9 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
             LLAMACPP if llama and profile.prefer_llamacpp(as_role, llama, curves[path], rows, path)
             else f"torch {path}"
             for as_role, path, rows in (("target", best, 1), ("drafter", best, 1), ("target", serving, SERVER_ROWS)))
+        # what exact scoring costs on each path a target runs on (hardware/exact_cost.py)
+        exact = _exact_costs(spec, [*curves, *(["gguf"] if llama else [])], device, remeasure,
+                             progress) if role == "target" else {}
         copies = quantized(spec, quantize, remeasure, progress) if llama is not None else {}
         paths.update({copy_path(kind): curve for kind, (_, curve) in copies.items()})
         out["models"][spec] = {
@@ -65,8 +69,26 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
             "dtype_auto": best,
             "backend_auto": {"target": as_target, "drafter": as_drafter, "server": as_server},
             "copies": {kind: path for kind, (path, _) in copies.items()},
+            # {path: {"cost", "ratios"} or None where the path cannot score exactly}
+            "exact": {(LLAMACPP if path == "gguf" else f"torch {path}"): cost for path, cost in exact.items()},
             "role": role,
         }
+    return out
+
+
+def _exact_costs(spec: str, paths: list[str], device: str, remeasure: bool, progress) -> dict:
+    """``{path: exact_cost.measure's result, or None where it cannot score exactly}`` for
+    ``spec`` as a target on each of ``paths`` (torch dtypes, "gguf" for llama.cpp): cached, or
+    measured now, one model at a time."""
+    out = {}
+    for path in paths:
+        backend = "llamacpp" if path == "gguf" else "torch"
+        found = None if remeasure else exact_cost.cached(spec, backend, path, device if path != "gguf" else "cpu")
+        if found is None and not path.endswith(COMPILED):  # compiled: never exact
+            model = load(spec, backend, dtype=path, device=device, dtype_given=False)
+            found = exact_cost.measure_and_save(spec, model, progress)
+            del model  # before the next one loads
+        out[path] = found
     return out
 
 
@@ -132,8 +154,28 @@ def print_report(data: dict) -> None:
               f"{auto['drafter']} (the cheaper one-token step); as a server's target: "
               f"{auto['server']} (the most throughput per unit of step latency at the rows "
               f"`--max-batch auto` takes, up to {SERVER_ROWS}: served)")
+        if m.get("exact"):
+            print(exact_lines(m))
         if m["copies"]:
             print(advice(spec, m, m["role"]))
+
+
+def exact_lines(m: dict) -> str:
+    """What exact scoring costs on each path (each call's exact / plain time) and where
+    ``exact="auto"`` turns it on."""
+    lines = ["exact scoring (greedy output identical to plain decoding in any method and batch; "
+             f"docs/exact.md), exact / plain time per call of M tokens after {profile.CONTEXT}, "
+             f"and of one after {exact_cost.LONG_CONTEXT}:"]
+    for path, found in m["exact"].items():
+        if found is None:
+            lines.append(f"- {path}: cannot score exactly")
+            continue
+        on = found["cost"] <= exact_cost.AUTO_COST
+        ratios = ", ".join(f"{'M=' + call if '@' not in call else call} {r:.2f}x"
+                           for call, r in found["ratios"].items())
+        lines.append(f"- {path}: {ratios}: calls up to {found['cost']:.1%} slower, so exact auto "
+                     f"is {'on' if on else 'off'} there (on at most {exact_cost.AUTO_COST:.0%})")
+    return "\n".join(lines)
 
 
 def cmd_doctor(args) -> int:

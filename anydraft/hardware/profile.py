@@ -30,14 +30,15 @@ REPEATS = 3  # median of this many calls per size (these machines are noisy)
 BUSY_SHARE = 0.25
 
 
-def measure(models: dict, sizes=SIZES, repeats=REPEATS) -> dict[str, dict[int, float]]:
-    """Seconds to score M tokens in one call after a context, for each M in ``sizes``, for each
-    of ``models`` (name -> LoadedModel). The models take turns call by call, so a change in the
-    machine's load hits every one alike."""
+def measure(models: dict, sizes=SIZES, repeats=REPEATS, context_length: int = CONTEXT
+            ) -> dict[str, dict[int, float]]:
+    """Seconds to score M tokens in one call after ``context_length`` tokens (fewer where the
+    window is shorter), for each M in ``sizes``, for each of ``models`` (name -> LoadedModel).
+    The models take turns call by call, so a change in the machine's load hits every one alike."""
     sessions, ids, context = {}, {}, {}
     for name, loaded in models.items():
         session = sessions[name] = loaded.new_session()
-        n = context[name] = min(CONTEXT, max(1, session.max_length - max(sizes) - 2))
+        n = context[name] = min(context_length, max(1, session.max_length - max(sizes) - 2))
         width = min(loaded.logits_width, len(loaded.tokenizer))
         ids[name] = [(7919 * i + 13) % width for i in range(n + max(sizes) + 1)]  # any ids cost the same
         session.feed(ids[name][:n], rows=1)
@@ -74,20 +75,30 @@ def _path(machine: Machine) -> Path:
     return catalog.cache_dir() / "profiles" / f"{machine.key}.json"
 
 
-def cached(model_key: str, machine: Machine | None = None) -> dict[int, float] | None:
+def entry(model_key: str, section: str = "curves", machine: Machine | None = None):
+    """What this machine's cache holds for ``model_key`` in ``section`` ("curves": cost curves;
+    "exact": exact scoring's cost, hardware/exact_cost.py), or None."""
     path = _path(machine or this_machine())
     if not path.is_file():
         return None
-    curve = json.loads(path.read_text()).get("curves", {}).get(model_key)
+    return json.loads(path.read_text()).get(section, {}).get(model_key)
+
+
+def store(model_key: str, value, section: str = "curves", machine: Machine | None = None) -> None:
+    machine = machine or this_machine()
+    path = _path(machine)
+    data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines()}
+    data.setdefault(section, {})[model_key] = value
+    write_text(path, json.dumps(data, indent=1))
+
+
+def cached(model_key: str, machine: Machine | None = None) -> dict[int, float] | None:
+    curve = entry(model_key, machine=machine)
     return None if curve is None else {int(m): s for m, s in curve.items()}
 
 
 def save(model_key: str, curve: dict[int, float], machine: Machine | None = None) -> None:
-    machine = machine or this_machine()
-    path = _path(machine)
-    data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines(), "curves": {}}
-    data["curves"][model_key] = curve
-    write_text(path, json.dumps(data, indent=1))
+    store(model_key, curve, machine=machine)
 
 
 def model_key(spec: str, backend: str, dtype: str, device: str) -> str:

@@ -178,5 +178,5 @@ def test_exact_values(tmp_path, capsys):
                "--exact", "yes"])
     assert rc == 2
     assert "unknown --exact 'yes': on (or --exact alone" in capsys.readouterr().err
-    with pytest.raises(AnydraftError, match="exact must be one of off, on, both, got True"):
+    with pytest.raises(AnydraftError, match="exact must be one of off, on, both, auto, got True"):
         BenchSettings(target="t", drafters=[], methods=["ar"], exact=True)

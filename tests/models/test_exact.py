@@ -127,7 +127,7 @@ def test_paths_that_cannot_score_exactly_are_refused_by_name():
     loaded = LoadedModel("gemma-like", Gemma3ForCausalLM(config).eval(), None, "float32")
     with pytest.raises(AnydraftError, match="exact scoring is not available.*runs on the torch backend"):
         loaded.make_exact()
-    with pytest.raises(AnydraftError, match="exact must be True or False"):
+    with pytest.raises(AnydraftError, match="exact must be True, False or .auto."):
         Decoder("null:smollm2-135m", exact="yes")
 
 

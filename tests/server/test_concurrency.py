@@ -149,6 +149,8 @@ def test_api_key_guards_everything_but_health(small_server):
     assert httpx.get(base + "/health").json() == {"status": "ok"}
     detailed = httpx.get(base + "/health", headers=small_server.headers).json()
     assert detailed["status"] == "ok" and "cost_curve" in detailed and "target_path" in detailed
+    # --exact auto (the default) says what it chose: the test cache measured no exact cost
+    assert not detailed["exact"] and detailed["exact_auto"].startswith("exact auto: off (its cost on ")
     for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", CHAT),
                          ("POST", "/v1/completions"), ("GET", "/nope")]:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):

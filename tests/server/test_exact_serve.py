@@ -74,7 +74,7 @@ def exact_server(request, tmp_path_factory):
     srv = Server("smollm2-135m", log, "--max-batch", "8", "--exact", *extra, dtype=dtype or "float32")
     try:
         health = srv.wait_ready()
-        assert health["exact"] and health["max_batch"] == 8, health
+        assert health["exact"] and health["exact_auto"] is None and health["max_batch"] == 8, health
         yield srv
     finally:
         srv.stop()
