@@ -114,8 +114,7 @@ class Policy:
         """Committed tokens the drafter reads before it can draft (at most `read_size`)."""
         if drafter is None:
             return 0
-        read = read_size(self.estimates.costs, self.context)
-        return min(drafter.behind, read) if read else drafter.behind
+        return drafter.behind_up_to(read_size(self.estimates.costs, self.context))
 
     def copy_wins(self, state, drafter, match: int) -> tuple[bool, bool]:
         """``(copy, drafter waited)``: copy when there is a match and it is expected to commit
