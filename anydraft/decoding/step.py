@@ -59,13 +59,16 @@ def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) ->
     choices = plan(rows, shared)
 
     # 2. propose
+    failed = _sync_drafters(rows, choices)
     marks = [_mark(row) for row in rows]  # a row drafting together starts with all of them
-    drafts, caught_up = draft_together(rows, choices)
-    proposals, proposing, failed = [], [], {}
+    drafts, caught_up = draft_together(rows, choices, failed)
+    proposals, proposing = [], []
     for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
         if i not in drafts:
             marks[i] = _mark(row)
         try:
+            if i in failed:
+                raise failed[i]
             if isinstance(drafts.get(i), Exception):
                 raise drafts[i]
             if i in drafts:
@@ -131,7 +134,21 @@ def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal:
     return RowStep(new, n, len(candidates), choice.proposer)
 
 
-def draft_together(rows: list[Row], choices: list[Choice]) -> tuple[dict, dict]:
+def _sync_drafters(rows: list[Row], choices: list[Choice]) -> dict:
+    """Have each drafter that drafts this step read the text committed since it last drafted
+    (`Drafter.sync`) before the step is timed, as each commit's own reading was: the policy
+    learns what drafting costs, not when the reading was done. The rows this failed, with why."""
+    failed = {}
+    for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
+        if choice.proposer == "draft" and choice.k and row.drafter is not None:
+            try:
+                row.drafter.sync()
+            except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
+                failed[i] = exc
+    return failed
+
+
+def draft_together(rows: list[Row], choices: list[Choice], failed=()) -> tuple[dict, dict]:
     """The drafts of the rows that draft with drafters whose sessions are rows of one batch
     (`Decoder.new_rows`), two or more of them: each drafting pass of all of them is ONE call of
     that batch (`Drafter.draft_passes`, run here), so the drafter's weights are read once a
@@ -140,11 +157,12 @@ def draft_together(rows: list[Row], choices: list[Choice]) -> tuple[dict, dict]:
     read: the whole call's, every row's backlog beyond one token each (a row whose own backlog
     was one token still waited for the others'; timed as a clean pass, it would price every
     later pass as a read). Each row drafts exactly as alone (its own text, sampling and
-    generator); the calls' time counts as every taking part row's drafting time."""
+    generator); the calls' time counts as every taking part row's drafting time. The rows
+    whose indices are in ``failed`` draft nothing."""
     groups: dict[int, list[int]] = {}
     for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
         batch = row.drafter.batch if row.drafter is not None else None
-        if choice.proposer == "draft" and choice.k and batch is not None:
+        if choice.proposer == "draft" and choice.k and batch is not None and i not in failed:
             groups.setdefault(id(batch), []).append(i)
     out, caught_up = {}, {}
     for group in (g for g in groups.values() if len(g) > 1):

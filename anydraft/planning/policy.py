@@ -93,10 +93,14 @@ class Policy:
         self.max_k, self.adaptive, self.estimates, self.greedy = max_k, adaptive, estimates, greedy
         self.draft, self.copies, self.context = draft, copies, context
         self.steps = {"draft": 0, "copy": 0}  # steps each proposer ran in this generation
+        self._priced: dict = {}  # `_best`'s answers within one `choose`
 
     def choose(self, state, drafter=None, match: int = 0) -> Choice:
         """The step to run, given the ``drafter`` (None: none) and the length of the n-gram
         match prompt lookup found (0: none)."""
+        # `best`'s answers within this choice, by their inputs: nothing they read changes in
+        # it, and `copy_wins` prices the very rows `_length` then prices again
+        self._priced: dict = {}
         if self.copies:
             if self.draft is None:
                 return self._length(state, "copy", self._copies(match), None, ())
@@ -114,8 +118,7 @@ class Policy:
         """Committed tokens the drafter reads before it can draft (at most `read_size`)."""
         if drafter is None:
             return 0
-        read = read_size(self.estimates.costs, self.context)
-        return min(drafter.behind, read) if read else drafter.behind
+        return drafter.behind_up_to(read_size(self.estimates.costs, self.context))
 
     def copy_wins(self, state, drafter, match: int) -> tuple[bool, bool]:
         """``(copy, drafter waited)``: copy when there is a match and it is expected to commit
@@ -124,8 +127,8 @@ class Policy:
         if not match:
             return False, False
         costs, backlog = self.estimates.costs, self.backlog(drafter)
-        k, drafter_rate = best(self.max_k, costs, self.draft, False, state.budget, backlog)
-        _, copy_rate = best(self.max_k, costs, self._copies(match), True, state.budget)
+        k, drafter_rate = self._best(self.draft, False, state.budget, backlog)
+        _, copy_rate = self._best(self._copies(match), True, state.budget, 0)
         if None in (drafter_rate, copy_rate) or copy_rate <= drafter_rate:
             return False, False
         if k:
@@ -133,6 +136,13 @@ class Policy:
         if probe_due(self.max_k, costs, self.draft, backlog):
             return False, False
         return True, True
+
+    def _best(self, acc: Acceptance, free: bool, budget: int, backlog: int) -> tuple[int, float | None]:
+        """`best` for this policy's rows, once per choice and inputs."""
+        key = (id(acc), free, budget, backlog)
+        if key not in self._priced:
+            self._priced[key] = best(self.max_k, self.estimates.costs, acc, free, budget, backlog)
+        return self._priced[key]
 
     def _length(self, state, proposer: str, acc: Acceptance, drafter, waited: tuple) -> Choice:
         costs, free = self.estimates.costs, proposer == "copy"  # copies cost no drafter pass
@@ -142,7 +152,7 @@ class Policy:
             # measure a plain step once per pair (step 0 also reads the prompt: not used)
             return Choice(proposer, 0, acc=acc, waited=waited)
         backlog = 0 if free else self.backlog(drafter)
-        k = best(self.max_k, costs, acc, free, state.budget, backlog)[0]
+        k = self._best(acc, free, state.budget, backlog)[0]
         if k and renting(costs, backlog, state.stats.new_tokens):
             return Choice(proposer, 0, acc=acc, waited=waited)  # not a verdict: no probe owed
         if k:

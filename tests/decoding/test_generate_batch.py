@@ -250,8 +250,8 @@ def test_rows_drafting_together_are_measured_with_the_calls_backlog(decoders, mo
     seen, observed = [], []
     draft_together, observe = step_module.draft_together, Policy.observe
 
-    def spy(rows, choices):
-        drafts, reads = draft_together(rows, choices)
+    def spy(rows, choices, *failed):
+        drafts, reads = draft_together(rows, choices, *failed)
         seen.append(({i: rows[i].drafter.caught_up for i in drafts}, reads))
         return drafts, reads
 

@@ -59,6 +59,9 @@ class FakeDrafter:
     def __init__(self, behind):
         self.behind = behind
 
+    def behind_up_to(self, most):
+        return min(self.behind, most) if most else self.behind
+
 
 def policy(c: Costs, acc: Acceptance, max_k=5, adaptive=True, context=0, steps=2) -> Policy:
     p = Policy(max_k, adaptive, Estimates(c), greedy=True, draft=acc, context=context)
