@@ -243,6 +243,7 @@ class LlamaCppSession:
         self._context.use_free_cores()
 
     def feed(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        self._check_open()
         n, rows = len(ids), rows_to_return(self._length, self.max_length, ids, rows)
         lib, batch = self._lib, self._batch
         out = np.empty((rows, self.vocab_size), dtype=np.float32)
@@ -274,17 +275,29 @@ class LlamaCppSession:
 
     def rollback(self, n: int) -> None:
         assert 0 <= n <= self._length, (n, self._length)
+        self._check_open()
         # false where the memory cannot be cut at n (recurrent state: refused at load)
         if not self._lib.llama_memory_seq_rm(self._memory, 0, n, -1):
             raise AnydraftError(f"llama.cpp could not roll the cache of {self._owner.name} back "
                                 f"to {n} tokens: {ROLLBACK_HELP}")
         self._length = n
 
-    def __del__(self):
-        context = getattr(self, "_context", None)
+    def close(self) -> None:
+        """Hand the context to the next session now (`Generation.leave`), not when this object
+        is collected: a server's finished generation can wait for the garbage collector in a
+        reference cycle, and every request until then made a new context (a first one for
+        Qwen2.5-1.5B's 8192 cells: 1.3 s, on the Zen 5). Using the session afterwards is an
+        error."""
+        context, self._context = getattr(self, "_context", None), None
         if context is not None:
+            self._ctx = self._memory = self._batch = None
             self._owner._release(context)
-            self._context = None
+
+    def _check_open(self) -> None:
+        if self._context is None:
+            raise AnydraftError(f"this llama.cpp session of {self._owner.name} was closed")
+
+    __del__ = close
 
 
 # the most tokens of one llama_decode of an exact session (`ExactSession`). llama.cpp picks its

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from anydraft.bridge import token_table
+from anydraft.errors import AnydraftError
 from anydraft.models import catalog
 from anydraft.models.loading import load_tokenizer, resolve
 from tests.conftest import require_llamacpp, require_model
@@ -205,6 +206,26 @@ def test_two_threads_never_race_for_the_last_spare_context(small_context_model):
         model._spare[shape] = list(spare)
     assert not errors, errors
     assert len(sessions) == 2 and sessions[0]._context is not sessions[1]._context
+
+
+@pytest.mark.real
+def test_a_closed_session_hands_its_context_on_at_once(small_context_model):
+    """`Generation.leave` closes its sessions: the next request reuses their contexts even where
+    a reference cycle keeps the finished generation alive (a new context costs up to seconds)."""
+    model = small_context_model
+    session = model.new_session()
+    session.feed([1, 2, 3])
+    keep_alive = [session]  # as a cycle would, until the garbage collector runs
+    context = session._context
+    session.close()
+    session.close()  # twice: nothing more
+    again = model.new_session()
+    assert again._context is context and len(again) == 0
+    assert again.feed([1, 2, 3]).shape[0] == 3
+    with pytest.raises(AnydraftError, match="was closed"):
+        keep_alive[0].feed([4])
+    with pytest.raises(AnydraftError, match="was closed"):
+        keep_alive[0].rollback(0)
 
 
 @pytest.mark.real
