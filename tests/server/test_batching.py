@@ -163,3 +163,29 @@ print(before, len(os.listdir("/proc/self/task")))
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
     assert after < before
+
+
+def test_each_worker_finds_its_caches_made():
+    """`make_caches` makes every worker's target and drafter session before it hands any back,
+    so the model's spare caches hold one per worker (a llama.cpp context: 0.1-1.3 s to make)."""
+    from types import SimpleNamespace
+
+    from anydraft.server import workers
+
+    events = []
+
+    class Model:
+        def __init__(self, name):
+            self.name = name
+
+        def new_session(self):
+            events.append(("made", self.name))
+            return SimpleNamespace(close=lambda: events.append(("closed", self.name)))
+
+    target, drafter = Model("target"), Model("drafter")
+    no_close = SimpleNamespace(new_session=lambda: events.append(("made", "torch")) or object())
+    decoders = [SimpleNamespace(target=target, drafter=drafter),
+                SimpleNamespace(target=target, drafter=None), SimpleNamespace(target=no_close, drafter=None)]
+    workers.make_caches(decoders)
+    assert events == [("made", "target"), ("made", "drafter"), ("made", "target"), ("made", "torch"),
+                      ("closed", "target"), ("closed", "drafter"), ("closed", "target")]
