@@ -79,15 +79,18 @@ def measure_and_save(spec: str, loaded, progress=None) -> dict | None:
 def choose(spec: str | None, loaded, rows: int = 1) -> Choice:
     """``exact="auto"`` for a target ``loaded`` from ``spec`` (None: a model object) serving up
     to ``rows`` rows a call: on where this machine measured its cost at most `AUTO_COST`."""
+    if spec is None:
+        return Choice(False, "a model object: its cost is not measured (`anydraft doctor` measures "
+                             "a catalog name or file)")
     problem = loaded.exact_problem()
     if problem:
         return Choice(False, f"not available: the target {problem}")
     if rows > 1 and loaded.backend == "llamacpp":
         return Choice(False, "an exact llama.cpp batch runs its rows one after another")
-    found = _cached_for(spec, loaded) if spec is not None else None
+    found = _cached_for(spec, loaded)
     if found is None:
-        where = f"`anydraft doctor --target {spec}`" if spec else "`anydraft doctor` (for a catalog name or file)"
-        return Choice(False, f"its cost on {loaded.path} is not measured here: {where} measures it")
+        return Choice(False, f"its cost on {loaded.path} is not measured here: "
+                             f"`anydraft doctor --target {spec}` measures it")
     cost = found["cost"]
     verdict = "at most" if cost <= AUTO_COST else "over"
     return Choice(cost <= AUTO_COST, f"calls up to {cost:.1%} slower on {loaded.path} here, "
