@@ -58,8 +58,8 @@ def cached(spec: str, backend: str, dtype: str, device: str) -> dict | None:
     return profile.entry(profile.model_key(spec, backend, dtype, device), "exact")
 
 
-def _cached_for(spec: str, loaded) -> dict | None:
-    return cached(spec, loaded.backend, loaded.dtype or "gguf", loaded.device.type)
+def _key(spec: str, loaded) -> str:
+    return profile.model_key(spec, loaded.backend, loaded.dtype or "gguf", loaded.device.type)
 
 
 def measure_and_save(spec: str, loaded, progress=None) -> dict | None:
@@ -71,8 +71,7 @@ def measure_and_save(spec: str, loaded, progress=None) -> dict | None:
         progress(f"measuring what exact scoring costs for {spec} ({loaded.path}; once per machine)")
     found = measure(loaded)
     if not profile.busy():
-        profile.store(profile.model_key(spec, loaded.backend, loaded.dtype or "gguf",
-                                        loaded.device.type), found, "exact")
+        profile.store(_key(spec, loaded), found, "exact")
     return found
 
 
@@ -87,7 +86,7 @@ def choose(spec: str | None, loaded, rows: int = 1) -> Choice:
         return Choice(False, f"not available: the target {problem}")
     if rows > 1 and loaded.backend == "llamacpp":
         return Choice(False, "an exact llama.cpp batch runs its rows one after another")
-    found = _cached_for(spec, loaded)
+    found = profile.entry(_key(spec, loaded), "exact")
     if found is None:
         return Choice(False, f"its cost on {loaded.path} is not measured here: "
                              f"`anydraft doctor --target {spec}` measures it")
