@@ -313,8 +313,7 @@ def write_summary(out_dir: Path, meta: dict, rows: list[dict], plots: list[str])
         "AR on the same exact path" + (", and under What exact costs with the same run without "
                                        "exact" if s["exact"] == "both" else "")
         + "; its bound uses the plain path's measured cost curve.",
-    ] * (s.get("exact", "off") in ("on", "both")
-         or any(a["on"] for a in s.get("exact_auto", {}).values())) + [
+    ] * any(r.get("exact") for r in rows) + [
         "- acceptance: accepted / drafted draft tokens, pooled over the group's prompts. "
         "a (per token): accepted / (accepted + rejections), a rejection being a round that "
         "ended at a rejected candidate: the chance of each judged candidate being kept (those "
