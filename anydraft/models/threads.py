@@ -14,7 +14,8 @@ meets such a wait at every operation of every layer. So:
   (llama.cpp), so that a load slows drafting no more than it slows plain decoding.
 
 Free cores are read from /proc/stat (the CPUs this process may run on, less the time this
-process itself used), at most every `READ_EVERY` seconds; elsewhere every core counts free.
+process itself used), at most every `READ_EVERY` seconds and only over a recent span
+(`STALE_AFTER`); elsewhere every core counts free.
 Niced processes' time does not count against a process that is not niced itself, where nice
 orders every process (Qwen2.5-1.5B's one-token llama.cpp call on 2 cores: 29 ms quiet, 33 ms
 beside a `nice -n 19` spinner, 42 ms on one thread; beside the same spinner un-niced 53 ms), so
@@ -34,6 +35,13 @@ from contextlib import contextmanager
 
 # seconds between two readings of the load (a reading costs ~50 us; loads come and go in seconds)
 READ_EVERY = 0.5
+# a reading this long after the last one says how busy the cores were while this process made no
+# model call (it waited for its client, or for another program), not how busy they are now: it
+# starts a new reading and the cores keep the count of before. Seen: a 30-token prompt read on
+# Qwen2.5-1.5B (llama.cpp, AMD Zen 5, 2 cores) right after llama-server answered a request
+# (idle again) took 424-438 ms on the one thread that reading left against 214-253 ms on two
+# (a one-off script, 2026-12-05): every run the bench timed after llama-server's paid it
+STALE_AFTER = 2 * READ_EVERY
 # a core counts as taken once other processes used this share of one over the last reading.
 # Qwen2.5-1.5B's one-token llama.cpp call on 2 cores of an AMD Zen 5 (ms, 2 threads / 1 thread)
 # beside an un-niced process busy 100% of the time: 53-61 / 41; 50%: 42 / 41; 20%: 33 / 41;
@@ -110,9 +118,11 @@ class Load:
             if now is None or now[0] - self._last[0] <= 0:
                 return self.free
             wall, busy, own = (a - b for a, b in zip(now, self._last, strict=True))
+            self._last = now
+            if wall > STALE_AFTER:  # the span says little about now: keep the count, read anew
+                return self.free
             others = max(0.0, busy - own) / wall  # cores' worth of other processes' work
             self.free = max(1, len(self.cpus) - max(0, math.ceil(others - TAKEN_SHARE)))
-            self._last = now
             return self.free
 
 

@@ -32,6 +32,23 @@ def test_a_core_another_process_keeps_busy_is_not_free(monkeypatch):
     assert load_over(monkeypatch, 4, [ticks * 3 // 5, 0, 0, 0], 2.0) == 3  # most of one
 
 
+def test_a_load_seen_only_over_a_long_idle_span_does_not_take_cores(monkeypatch):
+    """Another program busy while this process waited (llama-server answering the bench) says
+    nothing of now: that span is dropped, and the next recent one counts again."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    clock, counters = [100.0], [(0, 0, 0)]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(threads, "cpu_ticks", lambda cpus, stat, niced: counters[0])
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    load = threads.Load()
+    clock[0] += 3 * threads.STALE_AFTER  # both cores busy with another program all along
+    counters[0] = (2 * 3 * ticks, 2 * 3 * ticks, 0)
+    assert load.free_cores() == 2
+    clock[0] += threads.STALE_AFTER  # a recent span as busy: now it counts
+    counters[0] = tuple(c + 2 * ticks for c in counters[0][:2]) + (0,)
+    assert load.free_cores() == 1
+
+
 def test_the_load_is_read_at_most_every_interval(tmp_path, monkeypatch):
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     assert threads.Load(str(tmp_path / "missing")).free_cores() == 2  # no /proc: all free
