@@ -60,7 +60,7 @@ class Decoder:
         adaptive: bool | None = None,
         drafter_context: int | None = None,
         # the most sequences the target will score in one call (a server's batch): an `auto`
-        # backend or dtype takes the path that serves that many best (hardware/profile.py `worth`)
+        # backend or dtype takes the path that serves that many best (hardware/profile.py `fastest`)
         rows: int = 1,
         # score every position of the target bit-identically whatever the call (models/exact.py):
         # greedy output identical to plain one-request decoding, in any method and batch;

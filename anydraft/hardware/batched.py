@@ -216,8 +216,8 @@ def markdown(data: dict) -> str:
                      "models/batch.py), so `--max-batch auto` keeps 1")
     auto = data["max_batch_auto"]
     lines.append(
-        f"\n--max-batch auto (the rows B whose B x 1 call, costing T(B), gives the most B / T(B)^2: "
-        f"throughput per unit of step latency): {auto['from_batch']} from the batched calls (1 x 1: "
+        f"\n--max-batch auto (the fewest rows B whose B x 1 call, costing T(B), gives within 5% of "
+        f"the most throughput B / T(B)): {auto['from_batch']} from the batched calls (1 x 1: "
         f"{auto['reference_ms']['batch']:.1f} ms; measured up to B = {auto['batch_limit']}), "
         f"{auto['from_curve']} from the one-sequence curve (T(1): {auto['reference_ms']['curve']:.1f} ms; "
         f"up to {auto['curve_limit']}: what `anydraft serve` chooses; each row's step "

@@ -115,20 +115,33 @@ def rate(curve: dict[int, float]) -> float:
     return max(prior.expected_tokens(m - 1) / seconds for m, seconds in curve.items())
 
 
+# `--max-batch auto` leaves out the rows that add less than this share of the most throughput
+# the curve allows: each row would slow every row's step for little (a tie goes to fewer rows)
+BATCH_TOLERANCE = 0.05
+# ... and batches nothing where B rows yield less than this much more than one row: a steep
+# curve (2 tokens nearly 2 calls) would slow each step ~2x for a few percent more throughput
+MIN_BATCH_GAIN = 1.25
+
+
 def max_batch(costs: dict[int, float], limit: int) -> int:
-    """The rule of ``--max-batch auto`` (server/workers.py `choose_max_batch`): the rows
-    B <= ``limit`` at which a call of B rows x 1 token, costing T(B), gives the most throughput
-    per unit of step latency, (B / T(B)) / T(B): Kleinrock's "power" of a queue (L. Kleinrock,
-    "Power and deterministic rules of thumb for probabilistic problems in computer
-    communications", ICC 1979). Rows are added while throughput still rises faster than each
-    row's step slows: all of them where the curve is flat, one where B rows cost B calls, and in
-    between the knee before the curve steepens. ``costs`` maps B (or, for the one-sequence
-    curve, tokens scored, taken as B rows x 1 token) to seconds and holds B = 1; read linearly
-    between the sizes given, flat past the last; a tie goes to fewer rows."""
+    """The rule of ``--max-batch auto`` (server/workers.py `choose_max_batch`): the fewest rows
+    B <= ``limit`` whose call of B rows x 1 token, costing T(B), yields within `BATCH_TOLERANCE`
+    of the most throughput B / T(B) the curve allows; 1 where that is not `MIN_BATCH_GAIN`
+    times one row's. Throughput, not each row's step time, is what a server under load
+    should maximise: when clients outnumber the rows they queue, and by Little's law a
+    request's wait is the work ahead of it divided by the throughput, so rows that raise it
+    serve every client sooner, even where each step slows (llama-server fills all its
+    ``--parallel`` slots alike). Under light load the batch holds only the requests there
+    are. All rows where the curve is flat, one where B rows cost about B calls. ``costs`` maps
+    B (or, for the one-sequence curve, tokens scored, taken as B rows x 1 token) to seconds
+    and holds B = 1; read linearly between the sizes given, flat past the last."""
     import numpy as np  # not at import: the command line starts without it
 
     rows = np.arange(1, limit + 1)
-    return int(np.argmax(rows / _cost(costs, rows) ** 2)) + 1
+    throughput = rows / _cost(costs, rows)
+    if throughput.max() < MIN_BATCH_GAIN * throughput[0]:
+        return 1
+    return int(np.argmax(throughput >= (1 - BATCH_TOLERANCE) * throughput.max())) + 1
 
 
 def _cost(costs: dict[int, float], rows):
@@ -146,18 +159,29 @@ def served(curve: dict[int, float], rows: int, batches: bool = True) -> tuple[in
     return b, b / float(_cost(curve, b))
 
 
-def worth(curve: dict[int, float], rows: int = 1, batches: bool = True) -> float:
-    """What ``auto`` ranks a target's paths by, for a target that scores up to ``rows``
-    sequences in one call. One (`generate`; a server of one row): `rate`, its plain and
-    speculative steps. More (a server): the throughput per unit of step latency of the rows
-    `--max-batch auto` would take, B / T(B)^2 at B = `max_batch` (1 where the path cannot
-    batch, ``batches`` False): a path whose curve stays flat over many rows serves more
-    clients without slowing each one's step, even where another path runs one sequence
-    faster (docs/server.md). Only paths ranked for the same ``rows`` compare."""
-    if rows == 1:
-        return rate(curve)
-    b, tokens_per_s = served(curve, rows, batches)
-    return tokens_per_s**2 / b  # B / T(B)^2
+def server_rates(curve: dict[int, float], rows: int, batches: bool = True):
+    """Plain decoding's tokens/s at each load of 1..``rows`` requests decoding at once: B =
+    min(load, `max_batch`) one-token rows a call (1 where the path cannot batch,
+    ``batches`` False), B / T(B). A server's batch holds the requests that are there."""
+    import numpy as np
+
+    b = np.minimum(np.arange(1, rows + 1), max_batch(curve, rows if batches else 1))
+    return b / _cost(curve, b)
+
+
+def server_path(curves: dict[str, dict[int, float]], rows: int, batches) -> str:
+    """The path of ``curves`` a server of up to ``rows`` rows a call runs its target on: the
+    one that keeps closest to the best path at whatever load comes, from one request to
+    ``rows`` at once (the most, over paths, of its least `server_rates` share of the best
+    path's at each load: minimax regret). A path that runs one request fastest but cannot
+    batch, or one that batches well but runs one request slowly, loses at one end.
+    ``batches``: path -> whether it can (`batches`). Plain rates: what a drafter adds depends
+    on the drafter, and favours flat curves (docs/server.md)."""
+    import numpy as np
+
+    rates = {path: server_rates(c, rows, batches(path)) for path, c in curves.items()}
+    best = np.max(list(rates.values()), axis=0)
+    return max(rates, key=lambda path: float(np.min(rates[path] / best)))
 
 
 def batches(path: str) -> bool:
@@ -168,8 +192,11 @@ def batches(path: str) -> bool:
 
 
 def fastest(curves: dict[str, dict[int, float]], rows: int = 1) -> str:
-    """The torch path ``auto`` takes for a target of up to ``rows`` rows a call (`worth`)."""
-    return max(curves, key=lambda path: worth(curves[path], rows, batches(path)))
+    """The torch path ``auto`` takes for a target of up to ``rows`` rows a call: for one, the
+    best `rate` (its plain and speculative steps); for a server, `server_path`."""
+    if rows == 1:
+        return max(curves, key=lambda path: rate(curves[path]))
+    return server_path(curves, rows, batches)
 
 
 def candidates(device: str) -> tuple[str, ...]:
@@ -283,12 +310,14 @@ def llamacpp_runs(spec: str) -> bool:
 def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float], rows: int = 1,
                     torch_path: str = "") -> bool:
     """Whether llama.cpp's curve beats torch's (on ``torch_path``) for a model in ``role``: a
-    target by `worth` (one sequence: its plain and speculative steps; up to ``rows`` rows a
-    call: throughput per unit of step latency), a drafter by its one-token step (it drafts
-    one per pass)."""
-    if role == "target":
-        return worth(llama, rows) > worth(torch, rows, batches(torch_path))
-    return llama[1] < torch[1]
+    target as `fastest` ranks paths (one sequence: `rate`; up to ``rows`` rows a call:
+    `server_path`), a drafter by its one-token step (it drafts one per pass)."""
+    if role != "target":
+        return llama[1] < torch[1]
+    if rows == 1:
+        return rate(llama) > rate(torch)
+    return server_path({"gguf": llama, torch_path: torch}, rows,
+                       lambda path: path == "gguf" or batches(path)) == "gguf"
 
 
 def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", progress=None,
@@ -316,7 +345,7 @@ def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", prog
 
 
 def _for(rows: int) -> str:
-    return "" if rows == 1 else f" of a server of up to {rows} rows a call (by throughput per step latency)"
+    return "" if rows == 1 else f" of a server of up to {rows} rows a call (closest to the best at every load)"
 
 
 def explain(curves: dict[str, dict[int, float]]) -> str:

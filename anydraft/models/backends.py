@@ -202,7 +202,7 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
     keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise measures llama.cpp
     against torch for the ``role`` ("target" or "drafter") the model plays. A target that will
     score up to ``rows`` sequences in one call (a server's batch) gets the path that serves
-    that many best (`profile.worth`).
+    that many best (`profile.fastest`).
 
     A ``dtype`` other than "auto" makes ``backend="auto"`` torch, and conflicts with
     "llamacpp" (`backend_for`), unless ``dtype_given`` is False: a dtype handed down (a

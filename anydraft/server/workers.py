@@ -125,9 +125,9 @@ def target_rows(args) -> int:
 
 def choose_max_batch(decoder, args) -> int:
     """``--max-batch``, with 'auto' resolved from the target's measured cost curve
-    (hardware/profile.py, cached per machine) by `profile.max_batch`: the rows B <= 16 whose
-    one-token-each call, taken to cost T(B), gives the most B / T(B)^2 (throughput per unit of
-    step latency). Where the curve is steep (scoring B tokens costs about B calls) that is 1:
+    (hardware/profile.py, cached per machine) by `profile.max_batch`: the fewest rows B <= 16
+    whose one-token-each call, taken to cost T(B), gives within 5% of the most throughput
+    B / T(B). Where the curve is steep (scoring B tokens costs about B calls) that is 1:
     requests queue as without batching. Also 1 with several workers (they would share the
     cores) and for a backend that cannot batch. `anydraft doctor --batch` measures the batched
     calls themselves and says what this rule would choose from them."""

@@ -134,6 +134,8 @@ def test_compiled_paths_are_weighed_where_asked_for_on_cuda_or_once_measured(mon
 
 LLAMA = {1: 0.12, 5: 0.45, 9: 0.75}  # a quantized GGUF on llama.cpp: fast, steep (AVX2 shape)
 ONEDNN = {1: 0.30, 5: 0.45, 9: 0.50}  # float32 on oneDNN: slower plain step, flat
+# too steep to batch (5 rows: 1.1x one's throughput); 2.5x ONEDNN's one request, 0.26x its 16
+STEEP_LLAMA = {1: 0.12, 5: 0.55, 9: 1.0, 17: 1.9, 33: 3.7}
 
 
 def test_llamacpp_wins_a_target_by_rate_and_a_drafter_by_its_one_token_step():
@@ -149,24 +151,38 @@ AMX_LLAMA = {1: 0.058, 2: 0.111, 5: 0.143, 9: 0.221, 17: 0.301, 33: 0.476}
 AMX_BF16 = {1: 0.144, 2: 0.172, 5: 0.153, 9: 0.153, 17: 0.174, 33: 0.229}
 
 
-def test_a_server_target_is_ranked_by_throughput_per_step_latency():
-    assert profile.served(AMX_LLAMA, 16) == (1, pytest.approx(1 / 0.058))  # steep: one row
+def test_a_server_batches_the_requests_there_are_up_to_the_most_throughput():
+    # steep: 15 rows for 53 tokens/s where one gives 17
+    assert profile.served(AMX_LLAMA, 16) == (15, pytest.approx(15 / (0.221 + 6 * 0.080 / 8)))
     rows, tokens_per_s = profile.served(AMX_BF16, 16)
-    assert rows == 16 and tokens_per_s == pytest.approx(16 / (0.153 + 7 * 0.021 / 8))
+    assert rows == 15 and tokens_per_s == pytest.approx(15 / (0.153 + 6 * 0.021 / 8))
     assert profile.served(AMX_BF16, 16, batches=False) == (1, pytest.approx(1 / 0.144))
-    assert profile.worth(AMX_BF16, 16) == pytest.approx(tokens_per_s**2 / 16)  # B / T(B)^2
+    rates = profile.server_rates(AMX_LLAMA, 16)
+    assert rates[0] == pytest.approx(1 / 0.058) and rates[1] == pytest.approx(2 / 0.111)  # the load's rows
+    assert rates[-1] == rates[-2] == pytest.approx(15 / (0.221 + 6 * 0.080 / 8))  # 15 rows at most
+    assert list(profile.server_rates(AMX_BF16, 4, batches=False)) == pytest.approx([1 / 0.144] * 4)
+
+
+def test_a_server_target_keeps_closest_to_the_best_path_at_every_load():
+    # one request: llama.cpp 17 tokens/s, PyTorch 7 (0.40x); 16: PyTorch 94, llama.cpp 53 (0.56x)
     assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16)  # one sequence: llama.cpp
-    assert not profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16, rows=16)  # a server: torch
-    # a compiled torch path scores one row a call: llama.cpp's single row is faster
-    assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16, rows=16, torch_path="bfloat16+compile")
+    assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16, rows=16)  # a server: also
+    flat_fast = {1: 0.08, 2: 0.08, 5: 0.085, 9: 0.09, 17: 0.1, 33: 0.2}  # 0.73x at one, 3.4x at 16
+    assert not profile.prefer_llamacpp("target", AMX_LLAMA, flat_fast, rows=16)
+    # a compiled torch path scores one row a call: it loses the loaded end
+    assert profile.prefer_llamacpp("target", AMX_LLAMA, flat_fast, rows=16, torch_path="bfloat16+compile")
     assert profile.prefer_llamacpp("drafter", AMX_LLAMA, AMX_BF16, rows=16)  # rows: targets only
     steep_fast = {1: 0.05, 2: 0.095, 5: 0.225, 9: 0.40, 17: 0.75, 33: 1.45}
     curves = {"float32": steep_fast, "bfloat16": AMX_BF16}
-    assert profile.fastest(curves) == "float32" and profile.fastest(curves, 16) == "bfloat16"
+    assert profile.fastest(curves) == "float32"  # one sequence: the best rate
+    # 0.35x at one request, but the steep path never batches (9 rows: 1.13x one's throughput)
+    assert profile.fastest(curves, 16) == "bfloat16"
+    assert profile.fastest({"float32": steep_fast, "bfloat16": AMX_BF16}, 2) == "float32"  # 0.38x at two
 
 
 @pytest.mark.parametrize("llama, rows, want", [(LLAMA, 1, "llamacpp"), ({1: 0.9, 5: 4.0, 9: 8.0}, 1, "torch"),
-                                               (AMX_LLAMA, 1, "llamacpp"), (AMX_LLAMA, 16, "torch")])
+                                               (AMX_LLAMA, 1, "llamacpp"), (AMX_LLAMA, 16, "llamacpp"),
+                                               (STEEP_LLAMA, 1, "llamacpp"), (STEEP_LLAMA, 16, "torch")])
 def test_auto_backend_follows_the_measured_curves(llama, rows, want, monkeypatch):
     found = {"float32+onednn": AMX_BF16 if llama is AMX_LLAMA else ONEDNN, "gguf": llama}
     monkeypatch.setattr(profile, "llamacpp_runs", lambda spec: True)

@@ -94,11 +94,11 @@ def test_generations_run_together_and_a_cancelled_row_leaves(batched_server, dec
 @pytest.mark.parametrize("curve, rows", [
     ({1: 1.0, 2: 1.0, 5: 1.0, 9: 1.0, 17: 1.1, 33: 2.0}, 16),  # flat: as many rows as allowed
     ({1: 1.0, 2: 1.9, 5: 4.5, 9: 8.0, 17: 15.0, 33: 29.0}, 1),  # steep: one at a time
-    ({1: 0.252, 2: 0.292, 5: 0.340, 9: 0.463, 17: 0.665, 33: 1.005}, 6),  # the Zen 3, float32+onednn
+    ({1: 0.252, 2: 0.292, 5: 0.340, 9: 0.463, 17: 0.665, 33: 1.005}, 15),  # the Zen 3, float32+onednn
 ])
 def test_auto_max_batch_from_the_cost_curve(monkeypatch, curve, rows):
-    """The rows whose call gives the most throughput per unit of step latency (read between
-    measured sizes)."""
+    """The fewest rows whose call gives within 5% of the most throughput (read between measured
+    sizes); one where batching gains little."""
     from types import SimpleNamespace
 
     from anydraft.hardware import profile
