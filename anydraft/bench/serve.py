@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -655,6 +656,20 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
 
 
 # -- the command ----------------------------------------------------------------------------
+def check_scheduler() -> None:
+    """Refuse a real-time scheduler (`chrt -f`, inherited by the servers): a server's model
+    threads, spinning between operations, then keep its event loop and the clients off the
+    cores until the request ends, so every stream arrives in one burst at its end (ITL and TPOT
+    0, TTFT the whole request) and a closed loop's next request waits (docs/server.md)."""
+    from ..errors import AnydraftError
+
+    realtime = {getattr(os, name) for name in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, name)}
+    if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) in realtime:
+        raise AnydraftError("bench-serve runs under a real-time scheduler (chrt): its servers' "
+                            "spinning threads would hold the streams back until each request "
+                            "ends; run it at normal priority (without chrt) on an idle machine")
+
+
 def cmd_bench_serve(args) -> int:
     import random
 
@@ -675,6 +690,7 @@ def cmd_bench_serve(args) -> int:
         raise AnydraftError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.repeats < 1:
         raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
+    check_scheduler()
     configs = (parse_configs(args.configs) if args.configs
                else default_configs(args.max_batch or max(levels_c)))
     if args.llama_server:

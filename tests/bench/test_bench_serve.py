@@ -156,6 +156,17 @@ def test_bad_concurrency(capsys):
     assert "--concurrency must be a comma list of integers >= 1" in capsys.readouterr().err
 
 
+def test_a_real_time_scheduler_is_refused(capsys, tmp_path, monkeypatch):
+    """Under `chrt -f` the servers' spinning threads hold every stream back to its end."""
+    import os
+
+    monkeypatch.setattr(os, "sched_getscheduler", lambda pid: os.SCHED_FIFO)
+    assert main(["bench-serve", "--target", "smollm2-135m", "--out", str(tmp_path)]) == 2
+    assert "run it at normal priority (without chrt)" in capsys.readouterr().err
+    monkeypatch.setattr(os, "sched_getscheduler", lambda pid: os.SCHED_OTHER)
+    assert main(["bench-serve", "--target", "no-such-model", "--out", str(tmp_path)]) == 2  # got past it
+
+
 def test_unknown_model(capsys, tmp_path):
     assert main(["bench-serve", "--target", "no-such-model", "--out", str(tmp_path)]) == 2
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
