@@ -231,3 +231,47 @@ def test_full_batch_counts_only_the_time_the_batch_was_full():
     assert full_batch(rows, 1) == pytest.approx((32 / 10, 10.0))  # 1-11 s, after each first token
     assert full_batch(rows, 3) == (None, 0.0)  # never three at once
     assert full_batch([], 1) == (None, 0.0)
+
+
+def test_a_request_on_a_connection_the_server_had_closed_is_sent_again():
+    """llama-server closes idle keep-alive connections: a request on one reads nothing and is
+    sent once more; any other failure is the request's result."""
+    import asyncio
+    import contextlib
+    import json as jsonlib
+
+    import httpx
+
+    from anydraft.bench.serve import stream_one
+
+    class Response:
+        status_code = 200
+
+        async def aiter_lines(self):
+            for obj in ({"choices": [{"delta": {"content": "hi"}}]},
+                        {"choices": [{"delta": {}, "finish_reason": "stop"}],
+                         "usage": {"completion_tokens": 1, "prompt_tokens": 3}}):
+                yield "data: " + jsonlib.dumps(obj)
+            yield "data: [DONE]"
+
+    class Client:
+        def __init__(self, failures):
+            self.failures, self.sent = failures, 0
+
+        @contextlib.asynccontextmanager
+        async def stream(self, method, url, json):
+            self.sent += 1
+            if self.sent <= len(self.failures):
+                raise self.failures[self.sent - 1]
+            yield Response()
+
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    stale = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+    client = Client([stale])
+    row = asyncio.run(stream_one(client, "http://x", body))
+    assert client.sent == 2 and row["error"] is None and row["completion_tokens"] == 1
+    assert row["ttft"] <= row["latency"]
+    client = Client([stale, stale])  # once only
+    assert asyncio.run(stream_one(client, "http://x", body))["error"].startswith("RemoteProtocolError")
+    client = Client([httpx.ReadTimeout("slow")])  # not a closed connection: not sent again
+    assert asyncio.run(stream_one(client, "http://x", body))["error"].startswith("ReadTimeout") and client.sent == 1

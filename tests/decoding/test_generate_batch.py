@@ -201,6 +201,37 @@ def test_a_batchs_min_prefill_reaches_every_step(decoders, monkeypatch):
         assert g.result()[1].token_ids == decoder.generate(prompt, 12, chat=False).token_ids
 
 
+def test_a_crowd_of_joiners_is_read_a_whole_chunk_a_call(decoders, monkeypatch):
+    """Where more requests wait to join than decode, a call reads a whole `PREFILL_CHUNK` of
+    their prompts whatever the curve allows; once the decoding rows are as many, the floor
+    again. The outputs stay exact."""
+    from anydraft.decoding import Batch
+
+    decoder = decoders["ar"]
+    sizes: list[dict[int, int]] = []
+    steep = {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)}  # every token costs a call: the floor
+    monkeypatch.setattr(decoder.estimates.costs, "profile", steep)
+    rows = Rows(Sizes(sizes, decoder.target.new_session, 4), None)
+    batch = Batch(min_prefill=2)
+    first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
+    batch.join(first)
+    batch.run_once()  # alone: its prompt is read at once, and it decodes
+    crowd = [decoder.start(p, 12, rows=rows, chat=False) for p in (PROMPTS[2], PROMPTS[1])]
+    for g in crowd:
+        batch.join(g)
+    unread = {g.state.target.row: len(g.state.pending) - 1 for g in crowd}
+    batch.run_once()  # one row decodes, two wait: both prompts read whole (under a chunk)
+    assert {row: sizes[-1][row] for row in unread} == unread and max(unread.values()) > 2
+    late = decoder.start(PROMPTS[3], 12, rows=rows, chat=False)
+    batch.join(late)
+    while batch:
+        batch.run_once()
+    reads = [s[late.state.target.row] for s in sizes if len(s) > 1 and s.get(late.state.target.row, 0) > 1]
+    assert reads and reads[0] == 2  # three decode, one joins: the floor
+    for g, prompt in zip([first, *crowd, late], (PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]), strict=True):
+        assert g.result()[1].token_ids == decoder.generate(prompt, 12, chat=False).token_ids
+
+
 def test_an_exact_batch_reads_a_joining_prompt_as_a_request_alone(tok, monkeypatch):
     """Beside a decoding row, an exact batch reads a joining prompt `PREFILL_CHUNK` tokens a
     call, whatever `prefill_budget` allows: the pieces a request alone is read in
