@@ -152,8 +152,8 @@ def print_report(data: dict) -> None:
         auto = m["backend_auto"]
         print(f"backend auto -> as a target: {auto['target']} (the same rule); as a drafter: "
               f"{auto['drafter']} (the cheaper one-token step); as a server's target: "
-              f"{auto['server']} (the most throughput per unit of step latency at the rows "
-              f"`--max-batch auto` takes, up to {SERVER_ROWS}: served)")
+              f"{auto['server']} (closest to the best path's plain tokens/s at every load "
+              f"from 1 to {SERVER_ROWS} requests, each batched up to `--max-batch auto`: served)")
         if m.get("exact"):
             print(exact_lines(m))
         if m["copies"]:

@@ -288,8 +288,8 @@ def _measure_and_save(spec: str, backend: str, device: str, models: dict, progre
 
 def choose_dtype(spec: str, device: str = "cpu", progress=None, rows: int = 1, load=None):
     """``(path, model or None, {path: curve})`` for ``dtype="auto"``: the dtype and kernels whose
-    measured curve is worth the most (`worth`: expected tokens per second, or for a server of
-    up to ``rows`` rows a call, throughput per unit of step latency). The model is returned
+    measured curve `fastest` ranks first (expected tokens per second, or for a server of up to
+    ``rows`` rows a call, `server_path`). The model is returned
     when the choice loaded it (so it is not loaded twice). ``load``: as `curves` takes it."""
     found, model = curves(spec, "torch", torch_paths(spec, device), device, progress, rows=rows, load=load)
     best = fastest(found, rows)
