@@ -23,6 +23,15 @@ def model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(autouse=True)
+def normal_priority(monkeypatch):
+    """The suite may run under `chrt`, which bench-serve refuses (one test asks it)."""
+    import os
+
+    if hasattr(os, "sched_getscheduler"):
+        monkeypatch.setattr(os, "sched_getscheduler", lambda pid: os.SCHED_OTHER)
+
+
 @pytest.fixture
 def dataset(tmp_path):
     path = tmp_path / "prompts.jsonl"
