@@ -181,10 +181,10 @@ def prefill(rows: list, calls: list[Call], choices: list[Choice], candidates: li
             continue
         steps = sum(len(rows[i].state.pending) + len(candidates[i]) for i in call.rows)
         joiners = [s for s in pending if call.batch is not None and s.target.batch is call.batch]
-        call.budget = budget = prefill_budget(rows[call.rows[0]].policy.estimates.costs.target_curve(),
-                                              steps, min_prefill)
+        budget = prefill_budget(rows[call.rows[0]].policy.estimates.costs.target_curve(), steps, min_prefill)
         if len(joiners) > len(call.rows):  # a crowd waits: a whole chunk (see above)
-            call.budget = budget = max(budget, PREFILL_CHUNK)
+            budget = max(budget, PREFILL_CHUNK)
+        call.budget = budget
         for state in joiners:
             if budget > 0:
                 # an exact batch reads a prompt in the pieces a request alone does (`exact.reads`)

@@ -175,22 +175,29 @@ def test_prefill_budget_follows_the_cost_curve():
     assert prefill_budget(lambda n: 0.2 + 0.02 * n, 4, min_prefill=4) == 4  # `anydraft serve --min-read`
 
 
+def steep_batch(decoder, monkeypatch, max_rows: int, min_prefill: int):
+    """``(sizes, rows, batch, first)``: a `Batch` of up to ``max_rows`` rows on a steep curve
+    (every token costs a call: reads beside a decoding row get the ``min_prefill`` floor),
+    each call's tokens per row recorded in ``sizes``, and a first generation (``PROMPTS[0]``)
+    that has read its prompt alone and decodes."""
+    from anydraft.decoding import Batch
+
+    sizes: list[dict[int, int]] = []
+    monkeypatch.setattr(decoder.estimates.costs, "profile", {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)})
+    rows = Rows(Sizes(sizes, decoder.target.new_session, max_rows), None)
+    batch = Batch(min_prefill=min_prefill)
+    first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
+    batch.join(first)
+    batch.run_once()
+    return sizes, rows, batch, first
+
+
 def test_a_batchs_min_prefill_reaches_every_step(decoders, monkeypatch):
     """`Batch(min_prefill)` (the server's ``--min-read``) is the floor of every step's prompt
     reads: a joining prompt beside a decoding row is read that many tokens a call on a steep
     curve, and the outputs stay exact."""
-    from anydraft.decoding import Batch
-
     decoder = decoders["ar"]
-    sizes: list[dict[int, int]] = []
-
-    steep = {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)}  # every token costs a call: the floor
-    monkeypatch.setattr(decoder.estimates.costs, "profile", steep)
-    rows = Rows(Sizes(sizes, decoder.target.new_session, 2), None)
-    batch = Batch(min_prefill=5)
-    first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
-    batch.join(first)
-    batch.run_once()  # alone: its prompt is read at once, and it decodes
+    sizes, rows, batch, first = steep_batch(decoder, monkeypatch, 2, min_prefill=5)
     second = decoder.start(PROMPTS[2], 12, rows=rows, chat=False)
     batch.join(second)
     while batch:
@@ -205,17 +212,8 @@ def test_a_crowd_of_joiners_is_read_a_whole_chunk_a_call(decoders, monkeypatch):
     """Where more requests wait to join than decode, a call reads a whole `PREFILL_CHUNK` of
     their prompts whatever the curve allows; once the decoding rows are as many, the floor
     again. The outputs stay exact."""
-    from anydraft.decoding import Batch
-
     decoder = decoders["ar"]
-    sizes: list[dict[int, int]] = []
-    steep = {m: 0.1 * m for m in (1, 2, 5, 9, 17, 33)}  # every token costs a call: the floor
-    monkeypatch.setattr(decoder.estimates.costs, "profile", steep)
-    rows = Rows(Sizes(sizes, decoder.target.new_session, 4), None)
-    batch = Batch(min_prefill=2)
-    first = decoder.start(PROMPTS[0], 12, rows=rows, chat=False)
-    batch.join(first)
-    batch.run_once()  # alone: its prompt is read at once, and it decodes
+    sizes, rows, batch, first = steep_batch(decoder, monkeypatch, 4, min_prefill=2)
     crowd = [decoder.start(p, 12, rows=rows, chat=False) for p in (PROMPTS[2], PROMPTS[1])]
     for g in crowd:
         batch.join(g)
