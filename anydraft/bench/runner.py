@@ -29,6 +29,7 @@ from .bound import best_bound, cost_ratio, median, per_token_acceptance, verify_
 from .busy import busy_cores
 from .busy import note as busy_note
 from .host import host_fields
+from .scheduler import throttle_note
 
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only
@@ -347,6 +348,8 @@ def _timed_runs(settings: BenchSettings, prompts: list[dict], jobs: list, target
     """Warm-up, then every job on every prompt, interleaved (see the module docstring)."""
     if settings.busy_cores:
         settings.notes.append(busy_note(settings.busy_cores))
+    if (throttled := throttle_note()) is not None:
+        settings.notes.append(throttled)
     for n in settings.notes:
         progress_note(f"note: {n}")
     params = settings.sampling

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..options import command_line
 from .processes import free_port, stop_process
+from .scheduler import refuse_realtime
 
 HELP = """Benchmark `anydraft serve` under concurrent load: one server process per
 configuration, closed-loop streaming clients (or Poisson arrivals with --rate) at each
@@ -194,7 +195,6 @@ class ServerProcess:
     """`anydraft serve` in a subprocess, its output in ``log_path``."""
 
     def __init__(self, cmd: list[str], log_path: Path, **env_vars: str):
-        import os
         import subprocess
 
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **env_vars)
@@ -672,20 +672,6 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
 
 
 # -- the command ----------------------------------------------------------------------------
-def check_scheduler() -> None:
-    """Refuse a real-time scheduler (`chrt -f`, inherited by the servers): a server's model
-    threads, spinning between operations, then keep its event loop and the clients off the
-    cores until the request ends, so every stream arrives in one burst at its end (ITL and TPOT
-    0, TTFT the whole request) and a closed loop's next request waits (docs/server.md)."""
-    from ..errors import AnydraftError
-
-    realtime = {getattr(os, name) for name in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, name)}
-    if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) in realtime:
-        raise AnydraftError("bench-serve runs under a real-time scheduler (chrt): its servers' "
-                            "spinning threads would hold the streams back until each request "
-                            "ends; run it at normal priority (without chrt) on an idle machine")
-
-
 def cmd_bench_serve(args) -> int:
     import random
 
@@ -706,7 +692,7 @@ def cmd_bench_serve(args) -> int:
         raise AnydraftError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.repeats < 1:
         raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
-    check_scheduler()
+    refuse_realtime()
     configs = (parse_configs(args.configs) if args.configs
                else default_configs(args.max_batch or max(levels_c)))
     if args.llama_server:

@@ -17,6 +17,14 @@ each step takes the copy when the adaptive policy expects it to commit more toke
 than the drafter would (acceptance is learned per matched n-gram length), and the drafter
 otherwise. Which proposer a step uses depends only on the text and timings so far, never on
 the step's own random draws, so the mixture is as exact as each part.
+
+Copies are measured even when no step takes them (adaptive only): each match's copy is held
+as a "shadow" and compared with the tokens the steps then commit, whatever proposed them. The
+committed text is the target's own (every step is lossless), so a shadow candidate equals the
+committed token with the very chance that verification would have accepted it (greedy: the
+target's choice; sampling: p(x)). Without this, copies priced at a neutral prior never won a
+step on a steep cost curve (a llama.cpp target on 2 cores verifies 2 tokens at ~1.7 plain
+steps), and what never runs is never measured.
 """
 
 from __future__ import annotations
@@ -63,6 +71,8 @@ class PromptLookup:
         self.name = "lookup" if inner is None else f"{inner.name}+lookup"
         self.index = NgramIndex()  # one generation's
         self.copy: list[int] = []
+        self.policy: Policy | None = None  # the row's: its copy estimates learn from shadows
+        self.shadow: tuple[int, list[int], int] | None = None  # (match length, copy, proposed at)
 
     def start(self, state) -> Row:
         if self.inner is None:
@@ -70,15 +80,34 @@ class PromptLookup:
         else:
             row = self.inner.start(state)
         row.copy_proposer, row.policy.copies = self, True
+        self.policy = row.policy
         return row
 
     def match(self, committed: list[int]) -> int:
         """How many tokens of the committed text's end matched earlier text (0: none); the
-        tokens that followed that match are the next proposal."""
+        tokens that followed that match are the next proposal. Settles the open shadow, or
+        opens one on this proposal."""
+        if self.shadow is not None:
+            self._settle(committed)
         n, self.copy = self.index.match(committed, self.max_k)
+        if n and self.adaptive and self.shadow is None:
+            self.shadow = (n, self.copy, len(committed))
         return n
 
+    def _settle(self, committed: list[int]) -> None:
+        """Record the open shadow as the copy step it would have been, once the committed text
+        decides it: at its first token that differs, or once all of it was committed."""
+        n, copy, at = self.shadow
+        new = committed[at:at + len(copy)]
+        kept = next((i for i, (a, b) in enumerate(zip(copy, new, strict=False)) if a != b), len(new))
+        if kept == len(new) < len(copy):
+            return  # all of it committed so far: the rest decides
+        self.policy.copy_estimates(n).add(len(copy), kept)
+        self.shadow = None
+
     def propose(self, state, drafter, k: int, read: int) -> Proposal:
+        if self.shadow is not None and self.shadow[2] == len(state.committed):
+            self.shadow = None  # proposed this step: the step measures the copy itself
         return Proposal(self.copy[:k])
 
     def verify(self, state, proposal: Proposal, logits) -> tuple[int, int]:

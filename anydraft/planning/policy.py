@@ -103,15 +103,16 @@ class Policy:
         self._priced: dict = {}
         if self.copies:
             if self.draft is None:
-                return self._length(state, "copy", self._copies(match), None, ())
+                return self._length(state, "copy", self.copy_estimates(match), None, ())
             copy, waited = self.copy_wins(state, drafter, match)
             if copy:
-                return self._length(state, "copy", self._copies(match), None, (self.draft,) if waited else ())
+                return self._length(state, "copy", self.copy_estimates(match), None, (self.draft,) if waited else ())
         if self.draft is None:
             return Choice("plain", 0)
         return self._length(state, "draft", self.draft, drafter, ())
 
-    def _copies(self, match: int) -> Acceptance:
+    def copy_estimates(self, match: int) -> Acceptance:
+        """What copies after an n-gram match of ``match`` tokens earn (per match length)."""
         return self.estimates.of("copy", self.greedy, match)
 
     def backlog(self, drafter) -> int:
@@ -128,7 +129,7 @@ class Policy:
             return False, False
         costs, backlog = self.estimates.costs, self.backlog(drafter)
         k, drafter_rate = self._best(self.draft, False, state.budget, backlog)
-        _, copy_rate = self._best(self._copies(match), True, state.budget, 0)
+        _, copy_rate = self._best(self.copy_estimates(match), True, state.budget, 0)
         if None in (drafter_rate, copy_rate) or copy_rate <= drafter_rate:
             return False, False
         if k:

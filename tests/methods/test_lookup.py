@@ -93,6 +93,63 @@ def test_copies_beating_an_idle_drafter_still_let_it_probe():
     assert first < 28
 
 
+def shadowing(committed, max_k=3):
+    """A PromptLookup alone (adaptive) started on a state whose committed text is ``committed``."""
+    from tests.methods.test_policy import FakeState
+
+    state = FakeState()
+    state.params = params()
+    state.committed = list(committed)
+    lookup = PromptLookup(max_k, adaptive=True)
+    row = lookup.start(state)
+    return lookup, row.policy, state
+
+
+def test_copies_are_measured_from_what_the_steps_commit_without_being_taken():
+    """A shadow copy is scored against the committed tokens, whatever proposed them: kept up to
+    its first differing token, and left open while all of it committed so far agrees."""
+    lookup, policy, state = shadowing([5, 6, 7, 8, 1, 6, 2, 5, 6, 7])
+    assert lookup.match(state.committed) == 3  # "5 6 7" -> copy 8 1 6
+    for token in (8, 1):  # plain steps commit the copy's first two tokens: not decided yet
+        state.committed.append(token)
+        lookup.match(state.committed)
+        assert policy.copy_estimates(3).steps == 0
+    state.committed.append(9)  # its third differs
+    lookup.match(state.committed)
+    acc = policy.copy_estimates(3)
+    assert acc.steps == 1
+    f, prior = Settings.forget, Settings.prior_acceptance  # one observation after the prior
+    assert [m.value for m in acc.positions] == [pytest.approx((prior * f + x) / (f + 1)) for x in (1, 1, 0)]
+
+
+def test_a_copy_the_step_proposes_is_measured_by_the_step_not_twice():
+    lookup, policy, state = shadowing([5, 6, 7, 8, 1, 6, 2, 5, 6, 7])
+    n = lookup.match(state.committed)
+    assert lookup.propose(state, None, 2, 0).candidates == [8, 1]
+    state.committed += [8, 1, 6]
+    lookup.match(state.committed)
+    assert policy.copy_estimates(n).steps == 0  # Policy.observe records the real step
+
+
+def test_shadows_let_copies_win_on_a_steep_curve():
+    """Priced at the neutral prior, a copy never beats a plain step where 2 tokens cost 1.7
+    steps, and so was never measured; its shadows show it is always right, and then it runs."""
+    from tests.methods.test_policy import FakeDrafter
+
+    text = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    lookup, _, state = shadowing(text[:9], max_k=3)
+    c = lookup.estimates.costs
+    c.target = {1: Mean(0.030), 2: Mean(0.051), 3: Mean(0.058), 4: Mean(0.070)}
+    policy = lookup.policy
+    policy.steps["copy"] = 2  # past the measuring steps
+    choices = []
+    for token in text[9:]:
+        choices.append(policy.choose(state, FakeDrafter(0), lookup.match(state.committed)).k)
+        state.committed.append(token)  # a plain step commits the text's next token
+    assert choices[:6] == [0] * 6  # plain steps, their shadows measuring the copies
+    assert choices[-10:] == [3] * 10
+
+
 # -- exactness by enumeration ---------------------------------------------------------------
 
 PROMPT = [1, 2, 3, 1, 2]  # "abcab": the tail "ab" and "b" occurred before, so copies happen
