@@ -229,5 +229,14 @@ def main(argv=None) -> int:
         return 130
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `anydraft` command: first started again with huge pages where that helps
+    (models/hugepages.py), then `main`."""
+    from .models.hugepages import reexec
+
+    reexec()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

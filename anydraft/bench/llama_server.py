@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AnydraftError
+from ..models.hugepages import as_users_run, state
 from .processes import free_port, stop_process
 
 # the flags `make install` compiles llama-cpp-python with (Makefile: LLAMA_BUILD), so the two
@@ -163,7 +164,9 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+            # as its users run it: without the huge pages anydraft's command asked for itself
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            env=as_users_run())
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
@@ -242,7 +245,9 @@ class ServerBaseline:
         return (f"llama-server baseline: {s.binary} on {os.path.basename(self.gguf)}, {s.threads} "
                 f"threads, context {s.context}, /completion with the same prompt token ids, greedy "
                 "(temperature 0, top-k 1), no prompt cache; its prefill seconds are the request's "
-                "wall time minus the server's own decode time")
+                "wall time minus the server's own decode time; huge pages "
+                f"{'on' if state(as_users_run())[0] else 'off'} for it, as the bench was started "
+                "(models/hugepages.py)")
 
     def generate(self, ids: list[int], max_new_tokens: int, params, eos_ids) -> tuple[list[int], float, float]:
         """The new tokens (llama-server stops at the model's end-of-generation tokens, as

@@ -23,6 +23,9 @@ class Machine:
     onednn_isa: str  # ONEDNN_MAX_CPU_ISA ("" when not set: all the CPU has)
     torch: str
     cuda: tuple[str, ...]  # one "name (sm_XY)" per CUDA device
+    # whether large allocations (the models' weights) get huge pages (models/hugepages.py): a
+    # one-token step is several percent faster with them, so curves measured without are not reused
+    hugepages: bool = False
 
     @property
     def native_bf16(self) -> bool:
@@ -45,6 +48,7 @@ class Machine:
             + (f", oneDNN held to {self.onednn_isa}" if self.onednn_isa else "")
             + f"; bfloat16 {'native' if self.native_bf16 else 'emulated'}",
             "cuda: " + (", ".join(self.cuda) if self.cuda else "none"),
+            f"memory: huge pages {'on' if self.hugepages else 'off'} ({hugepages_state()[1]})",
         ]
 
 
@@ -83,4 +87,11 @@ def this_machine() -> Machine:
     return Machine(
         cpu=name, cores=os.cpu_count() or 1, features=tuple(f for f in FEATURES if f in flags),
         torch_kernels=torch.backends.cpu.get_cpu_capability(),
-        onednn_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), torch=torch.__version__, cuda=cuda)
+        onednn_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), torch=torch.__version__, cuda=cuda,
+        hugepages=hugepages_state()[0])
+
+
+def hugepages_state() -> tuple[bool, str]:
+    from ..models.hugepages import state
+
+    return state()

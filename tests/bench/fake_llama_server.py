@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for llama.cpp's `llama-server` (tests/bench/test_llama_server.py): takes its
 command line, answers /health, and /completion with the token ids 1, 2, 3, ... (n_predict of
-them) and llama-server's timings; appends each request's body, and its own argv once, as JSON
+them) and llama-server's timings; appends each request's body, and its own argv and GLIBC_TUNABLES once, as JSON
 lines to $FAKE_LLAMA_SERVER_LOG."""
 
 import json
@@ -41,6 +41,6 @@ class Handler(BaseHTTPRequestHandler):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    log({"argv": args})
+    log({"argv": args, "glibc_tunables": os.environ.get("GLIBC_TUNABLES")})
     port = int(args[args.index("--port") + 1])
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

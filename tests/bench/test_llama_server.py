@@ -62,6 +62,17 @@ def test_client_sends_token_ids_greedy_without_prompt_cache(fake):
     assert body["cache_prompt"] is False and body["return_tokens"] is True
 
 
+def test_the_server_runs_as_its_users_run_it(fake, monkeypatch):
+    """Without the huge pages `anydraft` asked for itself (models/hugepages.py)."""
+    from anydraft.models import hugepages
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.check=0")
+    monkeypatch.setattr(os, "environ", hugepages.with_tunable(os.environ))
+    with llama_server.LlamaServer("model.gguf", threads=2, context=512, binary=str(FAKE)):
+        pass
+    assert fake()[0]["glibc_tunables"] == "glibc.malloc.check=0"
+
+
 def test_a_server_that_dies_at_start_is_a_clear_error(tmp_path):
     dead = tmp_path / "llama-server"
     dead.write_text(f"#!{sys.executable}\nimport sys; sys.exit(3)\n")
