@@ -9,6 +9,8 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 
+from ..models.hugepages import state as hugepages_state
+
 # the CPU features that decide which kernels can run fast: AVX2 everywhere; AVX-512; bfloat16
 # and float16 dot products; AMX tiles (Intel, from Sapphire Rapids)
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
@@ -90,8 +92,3 @@ def this_machine() -> Machine:
         onednn_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), torch=torch.__version__, cuda=cuda,
         hugepages=hugepages_state()[0])
 
-
-def hugepages_state() -> tuple[bool, str]:
-    from ..models.hugepages import state
-
-    return state()
