@@ -100,13 +100,22 @@ def as_users_run(env=None) -> dict:
     return env
 
 
+def started_as_anydraft(argv: list[str]) -> bool:
+    """Whether this process is the `anydraft` command (its script, or ``python -m anydraft``),
+    not a program that runs anydraft's entry point inside itself: only the command is started
+    again."""
+    first = argv[0] if argv else ""
+    return (os.path.basename(first) in ("anydraft", "anydraft.exe")
+            or first.endswith(os.path.join("anydraft", "__main__.py")))
+
+
 def reexec() -> None:
     """Start this command again with the tunable, where it would give huge pages (the `anydraft`
     command does this first). Nothing happens where it would not, or if starting fails."""
     if not wanted(os.environ, thp_mode(), glibc_version()):
         return
     argv = getattr(sys, "orig_argv", None)
-    if not argv or not sys.executable:
+    if not argv or not sys.executable or not started_as_anydraft(sys.argv):
         return
     try:
         os.execve(sys.executable, argv, with_tunable(os.environ))

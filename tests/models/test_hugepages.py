@@ -62,6 +62,7 @@ def test_reexec_starts_the_same_command_once_with_the_tunable(monkeypatch):
     calls = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "anydraft", "serve"])
+    monkeypatch.setattr(sys, "argv", ["/x/anydraft/__main__.py", "serve"])
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(hp, "thp_mode", lambda: "madvise")
     monkeypatch.setattr(hp, "glibc_version", lambda: NEW_GLIBC)
@@ -74,3 +75,10 @@ def test_reexec_starts_the_same_command_once_with_the_tunable(monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", hp.SETTING)  # the command started again
     hp.reexec()
     assert len(calls) == 1
+
+
+def test_only_the_anydraft_command_starts_again():
+    assert hp.started_as_anydraft(["/venv/bin/anydraft", "serve"])
+    assert hp.started_as_anydraft([os.path.join("/src", "anydraft", "__main__.py"), "bench"])
+    assert not hp.started_as_anydraft(["/venv/bin/pytest", "-q"])  # a program running entry()
+    assert not hp.started_as_anydraft([])
