@@ -29,7 +29,7 @@ from .bound import best_bound, cost_ratio, median, per_token_acceptance, verify_
 from .busy import busy_cores
 from .busy import note as busy_note
 from .host import host_fields
-from .scheduler import throttle_note
+from .realtime import throttle_note
 
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only

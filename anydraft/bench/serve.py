@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..options import command_line
 from .processes import free_port, stop_process
-from .scheduler import refuse_realtime
+from .realtime import refuse_realtime
 
 HELP = """Benchmark `anydraft serve` under concurrent load: one server process per
 configuration, closed-loop streaming clients (or Poisson arrivals with --rate) at each

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from anydraft.bench.scheduler import throttle_note
+from anydraft.bench.realtime import throttle_note
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no POSIX scheduler")
 
