@@ -106,7 +106,7 @@ class PromptLookup:
         self.shadow = None
 
     def propose(self, state, drafter, k: int, read: int) -> Proposal:
-        if self.shadow is not None and self.shadow[2] == len(state.committed):
+        if k and self.shadow is not None and self.shadow[2] == len(state.committed):
             self.shadow = None  # proposed this step: the step measures the copy itself
         return Proposal(self.copy[:k])
 

@@ -125,6 +125,8 @@ def test_copies_are_measured_from_what_the_steps_commit_without_being_taken():
 def test_a_copy_the_step_proposes_is_measured_by_the_step_not_twice():
     lookup, policy, state = shadowing([5, 6, 7, 8, 1, 6, 2, 5, 6, 7])
     n = lookup.match(state.committed)
+    assert lookup.propose(state, None, 0, 0).candidates == []  # a plain step: the shadow stays
+    assert lookup.shadow is not None
     assert lookup.propose(state, None, 2, 0).candidates == [8, 1]
     state.committed += [8, 1, 6]
     lookup.match(state.committed)
@@ -197,6 +199,50 @@ def test_copying_mixed_with_a_drafter_is_exact(toys, inner, settings, monkeypatc
     got, _ = toys.method_distribution(method, PROMPT, p, max_new(settings))
     assert_same_distribution(got, want)
     assert names == {f"{inner}+lookup"}
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+def test_adaptive_copies_learning_from_shadows_are_exact(toys, settings, monkeypatch):
+    """Adaptive prompt lookup alone, its copy estimates learned from shadows and from the copies
+    it takes, on a clock where a call of n tokens costs 0.58 + 0.42 n ms (a copy of one wins at
+    the prior, and loses once a copy failed: then shadows measure): every path's timings, and so
+    its choices, replay alike. Still the target's distribution."""
+    import time
+
+    from tests.methods.toys import ToySession
+
+    now = [0.0]
+    feed = ToySession.feed
+
+    def timed_feed(self, ids, rows=None):
+        now[0] += 1e-3 * (0.58 + 0.42 * len(ids))
+        return feed(self, ids, rows)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(ToySession, "feed", timed_feed)
+    settle, settled = PromptLookup._settle, set()
+
+    def counting_settle(self, committed):
+        settle(self, committed)
+        if self.shadow is None:
+            settled.add(id(self))
+
+    monkeypatch.setattr(PromptLookup, "_settle", counting_settle)
+    curve = {n: Mean(1e-3 * (0.58 + 0.42 * n)) for n in (1, 2, 3)}
+    states = {}  # id of a method (kept alive: ids stay unique) -> (it, its DecodeState)
+
+    def make():
+        method = PromptLookup(2, adaptive=True, estimates=Estimates(Costs(target=dict(curve))))
+        start = method.start
+        method.start = lambda state: (states.setdefault(id(method), (method, state)), start(state))[1]
+        return method
+
+    p, tokens = params(**settings), 4
+    got, _ = toys.method_distribution(make, PROMPT, p, tokens)
+    assert_same_distribution(got, toys.exact_target_distribution(PROMPT, p, tokens))
+    copied = {m for m, (_, state) in states.items() if state.stats.drafted}
+    if not p.greedy:  # some paths copied and also had a shadow measure copies
+        assert settled & copied
 
 
 def test_a_wrong_copy_verifier_is_caught(toys, monkeypatch):
