@@ -8,6 +8,7 @@ import sys
 
 from .bench import cli as bench_cli
 from .errors import AnydraftError
+from .models.engines import BACKENDS
 from .options import (
     add_draft_options,
     add_model_options,
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--dtype", default="auto",
                      help="--batch: the target's dtype, as in `generate` (auto: the fastest here), "
                           "e.g. float32+onednn")
-    doc.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+    doc.add_argument("--target-backend", default="auto", choices=("auto", *BACKENDS),
                      help="--batch: the target's backend, as in `generate` (auto: the faster here)")
     doc.add_argument("--json", nargs="?", const=True, default=None, metavar="PATH",
                      help="print JSON instead of the tables; with PATH, write it there and print "
@@ -200,10 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "fastest on this machine, measured once)")
     d.add_argument("--drafter-dtype", default="auto",
                    help="the drafter's dtype never changes the output (auto: the fastest here)")
-    d.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+    d.add_argument("--target-backend", default="auto", choices=("auto", *BACKENDS),
                    help="auto: llama.cpp or torch, whichever runs the target faster here (measured "
                         "once); plain decoding and anydraft use the same")
-    d.add_argument("--drafter-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+    d.add_argument("--drafter-backend", default="auto", choices=("auto", *BACKENDS),
                    help="auto: whichever drafts faster here (measured once)")
     d.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: cuda when there is a GPU, else cpu (llama.cpp runs on the CPU)")

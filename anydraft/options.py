@@ -15,6 +15,7 @@ import shlex
 import sys
 
 from .config import DraftConfig
+from .models.engines import BACKENDS
 from .sampling import SamplingParams
 
 # --exact: its words and the `Decoder` ``exact`` each stands for
@@ -94,10 +95,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="auto (the fastest here, measured once) | float32 | bfloat16 | float16, "
                              "+onednn for oneDNN linear layers, e.g. float32+onednn (target, torch)")
     parser.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")
-    parser.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+    parser.add_argument("--target-backend", default="auto", choices=("auto", *BACKENDS),
                         help="auto (the faster here, measured once) | torch (transformers, --dtype) | "
-                             "llamacpp (the GGUF as it is, quantized)")
-    parser.add_argument("--drafter-backend", default=None, choices=("auto", "torch", "llamacpp"),
+                             "llamacpp | ik (the GGUF as it is, quantized, on llama.cpp or ik_llama.cpp)")
+    parser.add_argument("--drafter-backend", default=None, choices=("auto", *BACKENDS),
                         help="default: auto (the faster for the drafter here, measured once), "
                              "whatever --target-backend is")
     parser.add_argument("--exact", nargs="?", const="on", default="auto", choices=EXACT_CHOICES,

@@ -70,11 +70,12 @@ def toys():
     return Toys()
 
 
-def require_llamacpp() -> None:
-    """Skip when llama-cpp-python is not installed, unless CI demands every model."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
+def require_llamacpp(engine: str = "llamacpp") -> None:
+    """Skip when the llama.cpp-family ``engine`` (models/engines.py: llamacpp, ik) is not
+    installed, unless CI demands every model."""
+    from anydraft.models.engines import ENGINES
+
+    if not ENGINES[engine].installed():
         if os.environ.get("ANYDRAFT_REQUIRE_MODELS") == "1":
-            pytest.fail("llama-cpp-python is not installed: pip install 'anydraft[llamacpp]'")
-        pytest.skip("llama-cpp-python not installed (pip install 'anydraft[llamacpp]')")
+            pytest.fail(f"{ENGINES[engine].install}")
+        pytest.skip(f"{engine} not installed ({ENGINES[engine].install})")

@@ -46,10 +46,10 @@ def register(sub) -> None:
     b.add_argument("--n", type=int, default=5, help="at most N prompts per category (default 5)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--target-backend", default="auto",
-                   help="comma list of auto, torch, llamacpp (GGUF as it is): one AR and one set of "
+                   help="comma list of auto, torch, llamacpp, ik (GGUF as it is): one AR and one set of "
                         "runs per backend (default auto: the faster here, measured once)")
     b.add_argument("--drafter-backend", default=None,
-                   help="comma list of auto, torch, llamacpp: each drafter runs on each (default auto)")
+                   help="comma list of auto, torch, llamacpp, ik: each drafter runs on each (default auto)")
     b.add_argument("--dtype", default="auto",
                    help="auto (the fastest here, measured once) | float32 | bfloat16 | float16 (torch backend)")
     b.add_argument("--drafter-dtype", default=None, help="default: same as --dtype")

@@ -127,15 +127,17 @@ def parse_backends(text: str, flag: str) -> list[str]:
 
 def backends_for(backends: list[str], dtype, role: str) -> list[str]:
     """`backend_for` over the backends a run compares: a dtype asked for (``dtype`` not None
-    or "auto") makes "auto" torch and applies to the torch runs, so llama.cpp beside torch stays
-    (the comparison), and llama.cpp alone is a conflict."""
+    or "auto") makes "auto" torch and applies to the torch runs, so a llama.cpp-family engine
+    beside torch stays (the comparison), and such engines alone are a conflict."""
     from ..models.backends import backend_for
 
     if dtype is None or dtype == "auto":
         return backends
-    if backends == ["llamacpp"]:
-        backend_for("llamacpp", dtype, role)  # raises: the dtype would apply to no run
-    return list(dict.fromkeys(b if b == "llamacpp" else backend_for(b, dtype, role) for b in backends))
+    from ..models.engines import ENGINES
+
+    if set(backends) <= set(ENGINES):
+        backend_for(backends[0], dtype, role)  # raises: the dtype would apply to no run
+    return list(dict.fromkeys(b if b in ENGINES else backend_for(b, dtype, role) for b in backends))
 
 
 def resolve_backends(backends: list[str], spec: str, role: str, dtype, device: str, progress) -> list[str]:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..models.engines import BACKENDS
 from ..options import command_line
 from .processes import free_port, stop_process
 from .realtime import refuse_realtime
@@ -50,8 +51,8 @@ def register(sub) -> None:
     b.add_argument("--drafter", default=None,
                    help="drafter model, given to every configuration but `--method ar` ones")
     for flag, choices in (("--dtype", None), ("--drafter-dtype", None),
-                          ("--target-backend", ("auto", "torch", "llamacpp")),
-                          ("--drafter-backend", ("auto", "torch", "llamacpp")),
+                          ("--target-backend", ("auto", *BACKENDS)),
+                          ("--drafter-backend", ("auto", *BACKENDS)),
                           ("--device", ("auto", "cpu", "cuda"))):
         b.add_argument(flag, default=None, choices=choices,
                        help="passed to `anydraft serve` (default: its default)")

@@ -8,13 +8,13 @@ import sys
 from ..errors import AnydraftError
 from ..models import synthetic
 from ..models.backends import load
+from ..models.engines import ENGINES
 from ..models.static import SUFFIX as COMPILED
 from ..planning.settings import SETTINGS
 from . import exact_cost, profile
 from .machine import this_machine
 
-LLAMACPP = "llama.cpp (GGUF as shipped)"  # the path names doctor prints
-LLAMACPP_COPY = "llama.cpp copy"
+LLAMACPP_COPY = "llama.cpp copy"  # the path name doctor prints for a quantized copy
 SERVER_ROWS = SETTINGS.max_auto_batch  # the most rows a server's target scores with `--max-batch auto`
 
 
@@ -23,11 +23,16 @@ def copy_path(kind: str) -> str:
     return f"{LLAMACPP_COPY} {kind.upper()}"
 
 
-def _llamacpp_curve(spec: str, remeasure: bool, progress) -> dict[int, float] | None:
-    """The llama.cpp cost curve of a GGUF model (None when llama.cpp cannot run it here)."""
-    if not profile.llamacpp_runs(spec):
-        return None
-    return profile.curves(spec, "llamacpp", ("gguf",), "cpu", progress, remeasure, load=load)[0]["gguf"]
+def gguf_path(engine: str) -> str:
+    """The path name doctor prints for a llama.cpp-family engine running the GGUF as shipped."""
+    return f"{ENGINES[engine].label} (GGUF as shipped)"
+
+
+def _gguf_curves(spec: str, remeasure: bool, progress, engines=None) -> dict[str, dict[int, float]]:
+    """``{engine: cost curve}`` of a GGUF model on each llama.cpp-family engine that runs it here
+    (``engines``: these only)."""
+    return {engine: profile.curves(spec, engine, ("gguf",), "cpu", progress, remeasure, load=load)[0]["gguf"]
+            for engine in profile.gguf_engines(spec) if engines is None or engine in engines}
 
 
 def report(models: dict[str, str], device: str = "auto", progress=None, remeasure: bool = False,
@@ -46,17 +51,18 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
                                 progress, remeasure, load=load)[0]
         best, serving = profile.fastest(curves), profile.fastest(curves, SERVER_ROWS)
         paths = {f"torch {d}": c for d, c in curves.items()}
-        llama = _llamacpp_curve(spec, remeasure, progress)
-        if llama is not None:
-            paths[LLAMACPP] = llama
-        as_target, as_drafter, as_server = (
-            LLAMACPP if llama and profile.prefer_llamacpp(as_role, llama, curves[path], rows, path)
-            else f"torch {path}"
-            for as_role, path, rows in (("target", best, 1), ("drafter", best, 1), ("target", serving, SERVER_ROWS)))
+        gguf = _gguf_curves(spec, remeasure, progress)
+        paths.update({gguf_path(engine): curve for engine, curve in gguf.items()})
+
+        def choice(as_role: str, path: str, rows: int) -> str:
+            best_path = profile.best_for(as_role, {path: curves[path], **gguf}, rows)
+            return gguf_path(best_path) if best_path in gguf else f"torch {path}"
+
+        as_target, as_drafter, as_server = (choice("target", best, 1), choice("drafter", best, 1),
+                                            choice("target", serving, SERVER_ROWS))
         # what exact scoring costs on each path a target runs on (hardware/exact_cost.py)
-        exact = _exact_costs(spec, [*curves, *(["gguf"] if llama else [])], device, remeasure,
-                             progress) if role == "target" else {}
-        copies = quantized(spec, quantize, remeasure, progress) if llama is not None else {}
+        exact = _exact_costs(spec, [*curves, *gguf], device, remeasure, progress) if role == "target" else {}
+        copies = quantized(spec, quantize, remeasure, progress) if "llamacpp" in gguf else {}
         paths.update({copy_path(kind): curve for kind, (_, curve) in copies.items()})
         out["models"][spec] = {
             # random weights or none (models/synthetic/): the speeds of a shape, said so
@@ -70,7 +76,8 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
             "backend_auto": {"target": as_target, "drafter": as_drafter, "server": as_server},
             "copies": {kind: path for kind, (path, _) in copies.items()},
             # {path: {"cost", "ratios"} or None where the path cannot score exactly}
-            "exact": {(LLAMACPP if path == "gguf" else f"torch {path}"): cost for path, cost in exact.items()},
+            "exact": {(gguf_path(path) if path in ENGINES else f"torch {path}"): cost
+                      for path, cost in exact.items()},
             "role": role,
         }
     return out
@@ -78,14 +85,14 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
 
 def _exact_costs(spec: str, paths: list[str], device: str, remeasure: bool, progress) -> dict:
     """``{path: exact_cost.measure's result, or None where it cannot score exactly}`` for
-    ``spec`` as a target on each of ``paths`` (torch dtypes, "gguf" for llama.cpp): cached, or
-    measured now, one model at a time."""
+    ``spec`` as a target on each of ``paths`` (torch dtypes, or a llama.cpp-family engine's
+    name): cached, or measured now, one model at a time."""
     out = {}
     for path in paths:
-        backend = "llamacpp" if path == "gguf" else "torch"
-        found = None if remeasure else exact_cost.cached(spec, backend, path, device if path != "gguf" else "cpu")
+        backend, dtype = (path, "gguf") if path in ENGINES else ("torch", path)
+        found = None if remeasure else exact_cost.cached(spec, backend, dtype, "cpu" if path in ENGINES else device)
         if found is None and not path.endswith(COMPILED):  # compiled: never exact
-            model = load(spec, backend, dtype=path, device=device, dtype_given=False)
+            model = load(spec, backend, dtype=dtype, device=device, dtype_given=False)
             found = exact_cost.measure_and_save(spec, model, progress)
             del model  # before the next one loads
         out[path] = found
@@ -105,19 +112,19 @@ def quantized(spec: str, kinds, remeasure: bool, progress) -> dict[str, tuple[st
     copies = {}
     for kind in kinds:
         path = quantize(spec, kind, progress)
-        copies[kind] = path, _llamacpp_curve(path, remeasure, progress)
+        copies[kind] = path, _gguf_curves(path, remeasure, progress, ("llamacpp",))["llamacpp"]
     return copies
 
 
 def advice(spec: str, m: dict, role: str) -> str:
     """Whether a quantized copy would run ``spec`` faster in ``role`` than what ``auto`` runs it
-    on, by `profile.prefer_llamacpp`'s rule (a target by its expected tokens per second, a
-    drafter by its one-token step). A copy is a different model, so it is the user's choice,
+    on, by `profile.best_for`'s rule (a target by its expected tokens per second, a drafter
+    by its one-token step). A copy is a different model, so it is the user's choice,
     never made for them; as a drafter it changes nothing in the output, only the speed."""
     auto = m["backend_auto"][role]
     curves = {path: {int(k): v for k, v in c.items()} for path, c in m["curves_ms"].items()}
-    faster = [kind for kind in m["copies"]
-              if profile.prefer_llamacpp(role, curves[copy_path(kind)], curves[auto])]
+    faster = [kind for kind in m["copies"] if profile.best_for(
+        role, {auto: curves[auto], copy_path(kind): curves[copy_path(kind)]}) == copy_path(kind)]
     if not faster:
         return f"no quantized copy of {spec} would beat {auto} as a {role} here"
     best = max(faster, key=lambda kind: m["tokens_per_s"][copy_path(kind)] if role == "target"
@@ -133,7 +140,7 @@ def advice(spec: str, m: dict, role: str) -> str:
 
 def print_report(data: dict) -> None:
     print("\n".join(data["machine"]))
-    print(f"device: {data['device']} (torch models; llama.cpp runs on the CPU)")
+    print(f"device: {data['device']} (torch models; llama.cpp and ik_llama.cpp run on the CPU)")
     for spec, m in data["models"].items():
         # curves cached before a size was added lack it
         sizes = sorted({int(s) for curve in m["curves_ms"].values() for s in curve})

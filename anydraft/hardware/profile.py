@@ -298,35 +298,41 @@ def choose_dtype(spec: str, device: str = "cpu", progress=None, rows: int = 1, l
     return best, (model.model if model is not None else None), found
 
 
-def llamacpp_runs(spec: str) -> bool:
-    """Whether llama.cpp can run ``spec`` here: a GGUF model and llama-cpp-python installed. It
-    runs on the CPU, also beside torch models on CUDA: measured, it may still be the faster
-    drafter there."""
-    import importlib.util
+def gguf_engines(spec: str) -> tuple[str, ...]:
+    """The llama.cpp-family backends (models/engines.py) that can run ``spec`` here: a GGUF
+    model, and each engine whose package is installed and that scores its architecture right. They run on the CPU, also beside torch
+    models on CUDA: measured, one may still be the faster drafter there."""
+    from ..models.engines import ENGINES
 
-    return importlib.util.find_spec("llama_cpp") is not None and resolve(spec).gguf_file is not None
+    source = resolve(spec)
+    if source.gguf_file is None:
+        return ()
+    gguf = str(Path(source.path) / source.gguf_file)
+    return tuple(name for name, engine in ENGINES.items()
+                 if engine.installed() and not engine.problem(gguf))
 
 
-def prefer_llamacpp(role: str, llama: dict[int, float], torch: dict[int, float], rows: int = 1,
-                    torch_path: str = "") -> bool:
-    """Whether llama.cpp's curve beats torch's (on ``torch_path``) for a model in ``role``: a
-    target as `fastest` ranks paths (one sequence: `rate`; up to ``rows`` rows a call:
-    `server_path`), a drafter by its one-token step (it drafts one per pass)."""
+def best_for(role: str, curves: dict[str, dict[int, float]], rows: int = 1) -> str:
+    """The path of ``curves`` (torch dtypes and llama.cpp-family backends by name) that runs a
+    model best in ``role``: a target as `fastest` ranks paths (one sequence: `rate`; up to
+    ``rows`` rows a call: `server_path`), a drafter by its one-token step (it drafts one per
+    pass)."""
     if role != "target":
-        return llama[1] < torch[1]
-    if rows == 1:
-        return rate(llama) > rate(torch)
-    return server_path({"gguf": llama, torch_path: torch}, rows,
-                       lambda path: path == "gguf" or batches(path)) == "gguf"
+        return min(curves, key=lambda path: curves[path][1])
+    return fastest(curves, rows)
 
 
 def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", progress=None,
                    rows: int = 1, load=None):
-    """``(backend, dtype, model or None)`` for ``backend="auto"``: llama.cpp (the GGUF as it
-    is, quantized) or PyTorch in ``dtype`` (``"auto"``: its best path), whichever the measured
-    curves favour (`prefer_llamacpp`; a target for up to ``rows`` rows a call). The torch
-    model is returned when the choice loaded it. ``load``: as `curves` takes it."""
-    if not llamacpp_runs(spec):
+    """``(backend, dtype, model or None)`` for ``backend="auto"``: a llama.cpp-family engine (the
+    GGUF as it is, quantized; each installed one, `gguf_engines`) or PyTorch in ``dtype``
+    (``"auto"``: its best path), whichever the measured curves favour (`best_for`; a target for
+    up to ``rows`` rows a call). The torch model is returned when the choice loaded it.
+    ``load``: as `curves` takes it."""
+    from ..models.engines import ENGINES
+
+    engines = gguf_engines(spec)
+    if not engines:
         return "torch", dtype, None
     rows = rows if role == "target" else 1
     if dtype == "auto":
@@ -335,13 +341,15 @@ def choose_backend(spec: str, role: str, dtype="auto", device: str = "cpu", prog
     else:
         found, loaded = curves(spec, "torch", (dtype,), device, progress, load=load)
         torch_curve, model = found[dtype], (loaded.model if loaded is not None else None)
-    llama_curve = curves(spec, "llamacpp", ("gguf",), "cpu", progress, load=load)[0]["gguf"]
-    llama = prefer_llamacpp(role, llama_curve, torch_curve, rows, dtype)
+    candidates = {dtype: torch_curve}
+    for engine in engines:
+        candidates[engine] = curves(spec, engine, ("gguf",), "cpu", progress, load=load)[0]["gguf"]
+    best = best_for(role, candidates, rows)
     if progress:
-        progress(f"backend auto: {spec} as {role}{_for(rows)} on "
-                 f"{'llama.cpp' if llama else 'torch ' + dtype} "
-                 f"({explain({'llama.cpp': llama_curve, f'torch {dtype}': torch_curve})})")
-    return ("llamacpp", "", None) if llama else ("torch", dtype, model)
+        names = {path: ENGINES[path].label if path in ENGINES else f"torch {path}" for path in candidates}
+        progress(f"backend auto: {spec} as {role}{_for(rows)} on {names[best]} "
+                 f"({explain({names[path]: curve for path, curve in candidates.items()})})")
+    return (best, "", None) if best in ENGINES else ("torch", dtype, model)
 
 
 def _for(rows: int) -> str:

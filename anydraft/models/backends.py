@@ -1,4 +1,4 @@
-"""One loaded model, whatever runs it: PyTorch (transformers) or llama.cpp.
+"""One loaded model, whatever runs it: PyTorch (transformers), llama.cpp or ik_llama.cpp.
 
 Everything above the models layer asks a `LoadedModel` for sessions (`new_session`), its logits
 width, its context window and its end-of-generation ids, and never touches the backend itself.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import AnydraftError
 from ..hardware import profile
 from . import llamacpp, synthetic
+from .engines import BACKENDS, ENGINES
 from .loading import AUTO, load_model, load_tokenizer, parse_dtype, resolve, resolve_device
 from .null import NullModel
 from .session import (
@@ -24,7 +25,6 @@ from .session import (
     model_name,
 )
 
-BACKENDS = ("torch", "llamacpp")
 # where `exact` runs (models/exact.py, docs/exact.md), for the error that refuses another path
 EXACT_PATHS = ("exact scoring runs on the torch backend on a CPU (float32, bfloat16, +onednn) "
                "for models whose layers are all full attention, and on llama.cpp")
@@ -35,9 +35,9 @@ def check_target_device(backend: str, device) -> None:
     """Refuse a target asked for on llama.cpp and on CUDA alike: llama.cpp runs on the CPU here,
     so one of the two requests could not be honoured. (A llama.cpp drafter, or a llama.cpp
     target that ``auto`` chose, simply runs on the CPU beside a torch model on the GPU.)"""
-    if backend == "llamacpp" and str(device) == "cuda":
-        raise AnydraftError("the llamacpp backend runs on the CPU here: for a target on CUDA use "
-                            "the torch backend, or keep llama.cpp with device 'auto' or 'cpu'")
+    if backend in ENGINES and str(device) == "cuda":
+        raise AnydraftError(f"the {backend} backend runs on the CPU here: for a target on CUDA use "
+                            f"the torch backend, or keep {backend} with device 'auto' or 'cpu'")
 
 
 def check_backend(name: str) -> str:
@@ -55,7 +55,7 @@ def backend_for(backend: str, dtype, role: str = "target") -> str:
     """The backend of a model whose ``dtype`` was asked for. Every dtype but "auto" (float32,
     bfloat16, float16, with +onednn or +compile) is a torch path: under ``backend="auto"`` it
     means torch (were llama.cpp measured faster, it would run the GGUF as it is and the dtype
-    asked for would silently not happen), and beside "llamacpp" it is a conflict."""
+    asked for would silently not happen), and beside a llama.cpp-family backend it is a conflict."""
     if dtype == AUTO or backend == "torch":
         return backend
     if backend == AUTO:
@@ -63,15 +63,15 @@ def backend_for(backend: str, dtype, role: str = "target") -> str:
     dtype_option, backend_option, dtype_flag, backend_flag = _OPTIONS[role]
     raise AnydraftError(
         f"the {role}'s {dtype_option} {str(dtype)!r} ({dtype_flag}) runs on the torch backend, "
-        f"but its {backend_option} is 'llamacpp' ({backend_flag}), which runs the GGUF as it is, "
-        f"in no dtype: for {dtype} use {backend_option} 'torch' or 'auto'; for llama.cpp leave "
+        f"but its {backend_option} is {backend!r} ({backend_flag}), which runs the GGUF as it is, "
+        f"in no dtype: for {dtype} use {backend_option} 'torch' or 'auto'; for {backend} leave "
         f"{dtype_option} 'auto'")
 
 
 @dataclass
 class LoadedModel:
     name: str
-    model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel
+    model: object  # a transformers causal LM, or a llamacpp.LlamaCppModel (either engine)
     tokenizer: object
     dtype: str = ""  # the torch dtype it runs in ("auto" resolved); "" for llama.cpp or an object
     # every call scores each position bit-identically whatever the call (models/exact.py);
@@ -82,7 +82,9 @@ class LoadedModel:
     def backend(self) -> str:
         if isinstance(self.model, NullModel):
             return "null"
-        return "llamacpp" if isinstance(self.model, llamacpp.LlamaCppModel) else "torch"
+        if isinstance(self.model, llamacpp.LlamaCppModel):
+            return self.model.engine.name
+        return "torch"
 
     @property
     def _runs_itself(self) -> bool:
@@ -91,10 +93,12 @@ class LoadedModel:
 
     @property
     def path(self) -> str:
-        """How it runs, for people: "llama.cpp (GGUF)", "null (fixed logits)" or "torch <dtype>",
-        with "synthetic" for random weights (models/synthetic/)."""
-        if self.backend != "torch":
-            return {"llamacpp": "llama.cpp (GGUF)", "null": "null (fixed logits, synthetic)"}[self.backend]
+        """How it runs, for people: "llama.cpp (GGUF)", "ik_llama.cpp (GGUF)", "null (fixed
+        logits)" or "torch <dtype>", with "synthetic" for random weights (models/synthetic/)."""
+        if self.backend in ENGINES:
+            return f"{ENGINES[self.backend].label} (GGUF)"
+        if self.backend == "null":
+            return "null (fixed logits, synthetic)"
         return f"torch {self.dtype or 'as given'}" + (", synthetic" if synthetic.is_spec(self.name) else "")
 
     def exact_problem(self) -> str | None:
@@ -103,6 +107,8 @@ class LoadedModel:
             return None  # its logits are a function of the position and its prefix
         if self.backend == "llamacpp":
             return None  # every GGUF model: llamacpp.ExactSession
+        if self.backend == "ik":
+            return "runs on ik_llama.cpp, whose kernels exact scoring was not measured on"
         if self.device.type != "cpu":
             return f"runs on {self.device.type}, where exact scoring was not measured"
         if hasattr(self.model, "new_session"):
@@ -129,7 +135,7 @@ class LoadedModel:
             from .rows import TorchBatch
 
             return OwnRow(TorchBatch(self.model, 1, exact=True))
-        if self.exact and self.backend == "llamacpp":
+        if self.exact and self.backend in ENGINES:
             return self.model.new_session(exact=True)
         if hasattr(self.model, "new_session"):  # llama.cpp, or compiled on a static cache
             return self.model.new_session()
@@ -196,16 +202,16 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
          progress=None, role: str = "target", rows: int = 1, dtype_given: bool = True) -> LoadedModel:
     """Load a model spec (catalog name, hub id, directory, .gguf) or wrap a loaded model object.
 
-    ``backend="llamacpp"`` reads a GGUF file as it is (quantized, no conversion) and runs it on
-    the CPU whatever ``device`` says; ``dtype`` and ``device`` (`resolve_device`) apply to the
-    torch backend: ``dtype="auto"`` measures the candidates on this machine (once, cached) and
-    keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise measures llama.cpp
-    against torch for the ``role`` ("target" or "drafter") the model plays. A target that will
+    ``backend="llamacpp"`` or ``"ik"`` reads a GGUF file as it is (quantized, no conversion) and
+    runs it on the CPU whatever ``device`` says; ``dtype`` and ``device`` (`resolve_device`) apply
+    to the torch backend: ``dtype="auto"`` measures the candidates on this machine (once, cached)
+    and keeps the fastest (hardware/profile.py). ``backend="auto"`` likewise measures the
+    installed llama.cpp engines against torch for the ``role`` ("target" or "drafter") the model plays. A target that will
     score up to ``rows`` sequences in one call (a server's batch) gets the path that serves
     that many best (`profile.fastest`).
 
     A ``dtype`` other than "auto" makes ``backend="auto"`` torch, and conflicts with
-    "llamacpp" (`backend_for`), unless ``dtype_given`` is False: a dtype handed down (a
+    "llamacpp" or "ik" (`backend_for`), unless ``dtype_given`` is False: a dtype handed down (a
     drafter's, from the target's) or meant for the torch runs among several, which applies
     only where the model runs on torch.
     """
@@ -219,8 +225,8 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             tokenizer = tokenizer or load_tokenizer(spec)
             # float32: the dtype of its logits, and a dtype whatever reads `dtype` back accepts
             return LoadedModel(spec, NullModel(spec, tokenizer), tokenizer, "float32")
-        if backend == "llamacpp":
-            raise AnydraftError(f"{spec!r} has no GGUF file for llama.cpp: use the torch backend")
+        if backend in ENGINES:
+            raise AnydraftError(f"{spec!r} has no GGUF file for {backend}: use the torch backend")
         backend = "torch"
         if dtype == AUTO:
             dtype = synthetic.default_dtype(device)
@@ -235,19 +241,19 @@ def load(spec, backend: str = "torch", tokenizer=None, dtype="auto", device: str
             return LoadedModel(spec.name, spec, tokenizer, "float32")
         check_rollback(spec)
         return LoadedModel(model_name(spec), spec.eval(), tokenizer)
-    if backend == "llamacpp":
-        source = resolve(spec)
+    if backend in ENGINES:
+        engine, source = ENGINES[backend], resolve(spec)
         if source.gguf_file is None:
             raise AnydraftError(
-                f"the llamacpp backend reads GGUF files, and {spec!r} is not one: pass a catalog "
+                f"the {backend} backend reads GGUF files, and {spec!r} is not one: pass a catalog "
                 "name or a .gguf file, or use the torch backend for this model")
         if device != "cpu" and progress:
-            progress(f"{spec} runs on the CPU (llama.cpp), beside {device} for torch models")
-        model = llamacpp.LlamaCppModel.load(source, progress=progress)
+            progress(f"{spec} runs on the CPU ({engine.label}), beside {device} for torch models")
+        model = llamacpp.LlamaCppModel.load(source, progress=progress, engine=engine)
     else:
         if model is None and parse_dtype(dtype, allow_auto=True) == AUTO:
             dtype, model = profile.choose_dtype(spec, device, progress, rows, load=load)[:2]
         if model is None:
             model = load_model(spec, dtype=dtype, device=device, progress=progress)
         check_rollback(model)  # at load, not at the first request
-    return LoadedModel(spec, model, tokenizer or load_tokenizer(spec), "" if backend == "llamacpp" else dtype)
+    return LoadedModel(spec, model, tokenizer or load_tokenizer(spec), "" if backend in ENGINES else dtype)

@@ -1,4 +1,6 @@
-"""The llama.cpp backend (``pip install anydraft[llamacpp]``): GGUF models as they are, quantized.
+"""The llama.cpp-family backends: GGUF models as they are, quantized, on llama.cpp
+(``pip install 'anydraft[llamacpp]'``) or ik_llama.cpp (``pip install 'anydraft[ik]'``). One code
+for both: the engine (models/engines.py, where their C APIs differ) is a model's ``engine``.
 
 A `LlamaCppModel` holds the weights (one ``llama_model``, loaded with mmap in well under a
 second); each live `LlamaCppSession` has its own llama.cpp context, i.e. its own KV cache, so
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import time
 from collections.abc import Sequence
 
@@ -27,6 +28,7 @@ import torch
 from ..atomic import replacing
 from ..errors import AnydraftError
 from .batch import full
+from .engines import LLAMACPP, Engine, context_params, end_ids, max_sequences, model_params
 from .exact import reads
 from .session import ROLLBACK_HELP, rows_to_return
 from .threads import llamacpp_threads
@@ -35,29 +37,6 @@ from .threads import llamacpp_threads
 # (8k-32k) would cost up to ~1 GB each; override with $ANYDRAFT_LLAMACPP_CONTEXT.
 DEFAULT_CONTEXT = 8192
 BATCH = 512
-
-
-_quiet = None  # the log callback installed by _lib (kept alive here)
-
-
-def _lib():
-    global _quiet
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise AnydraftError(
-            "the llamacpp backend needs llama-cpp-python: pip install 'anydraft[llamacpp]' "
-            "(it compiles llama.cpp, a few minutes), or use the torch backend"
-        ) from exc
-    if _quiet is None:  # llama.cpp logs every tensor it loads: keep only its errors
-        def log(level, text, user_data):
-            if level == 3:  # GGML_LOG_LEVEL_ERROR
-                sys.stderr.write(text.decode(errors="replace"))
-
-        _quiet = llama_cpp.llama_log_callback(log)
-        llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-    return llama_cpp
 
 
 # llama.cpp's AMX kernels (built in when it is compiled on a CPU with AMX) crash with a segfault
@@ -90,16 +69,19 @@ def _threads() -> int:
 class LlamaCppModel:
     """A GGUF model loaded by llama.cpp (weights only; sessions bring their own context)."""
 
-    def __init__(self, name: str, path: str, context: int | None = None):
+    def __init__(self, name: str, path: str, context: int | None = None, engine: Engine = LLAMACPP):
         from ..hardware.machine import cpu_flags
 
-        lib = _lib()
+        lib = engine.api()
         check_amx(lib.llama_print_system_info().decode(errors="replace"), cpu_flags())
-        self.name, self.path = name, path
-        params = lib.llama_model_default_params()
-        self._model = lib.llama_model_load_from_file(path.encode(), params)
+        problem = engine.problem(path)
+        if problem:
+            raise AnydraftError(f"{engine.label} {problem}: run {name} on another backend "
+                                "(llamacpp or torch)")
+        self.name, self.path, self.engine = name, path, engine
+        self._model = lib.llama_model_load_from_file(path.encode(), model_params(engine, lib))
         if not self._model:
-            raise AnydraftError(f"llama.cpp could not load {path!r}: is it a complete GGUF file?")
+            raise AnydraftError(f"{engine.label} could not load {path!r}: is it a complete GGUF file?")
         if lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model):
             lib.llama_model_free(self._model)
             self._model = None
@@ -109,18 +91,17 @@ class LlamaCppModel:
         train = int(lib.llama_model_n_ctx_train(self._model))
         wanted = context or requested_context()
         self.max_length = min(train, wanted) if train > 0 else wanted
-        eos = {int(lib.llama_vocab_eos(self._vocab)), int(lib.llama_vocab_eot(self._vocab))}
-        self.eos_ids = frozenset(i for i in eos if i >= 0)
+        self.eos_ids = frozenset(i for i in end_ids(lib, self._model, self._vocab) if i >= 0)
         self._lib = lib
         # (rows, cells) -> emptied contexts of finished sessions and batches, for the next ones
         self._spare: dict[tuple[int, int], list[_Context]] = {}
 
     @classmethod
-    def load(cls, source, progress=None) -> LlamaCppModel:
+    def load(cls, source, progress=None, engine: Engine = LLAMACPP) -> LlamaCppModel:
         start = time.perf_counter()
-        model = cls(source.name, os.path.join(source.path, source.gguf_file))
+        model = cls(source.name, os.path.join(source.path, source.gguf_file), engine=engine)
         if progress:
-            progress(f"loaded {source.name} (llama.cpp, {source.gguf_file}) in "
+            progress(f"loaded {source.name} ({engine.label}, {source.gguf_file}) in "
                      f"{time.perf_counter() - start:.1f} s")
         return model
 
@@ -183,19 +164,12 @@ class _Context:
 
     def __init__(self, model: LlamaCppModel, rows: int = 1, cells: int | None = None):
         lib = self._lib = model._lib
-        params = lib.llama_context_default_params()
-        params.n_ctx = self.cells = cells = cells or model.max_length
-        self.rows = rows
-        params.n_batch = params.n_ubatch = BATCH
-        params.n_seq_max = rows
-        params.n_threads = params.n_threads_batch = self.threads = llamacpp_threads()
-        params.swa_full = True  # sliding-window layers (Gemma-3) keep every position: rollback
-        if rows > 1 and hasattr(params, "kv_unified"):  # builds without the field have no other
-            params.kv_unified = True  # one pool for all rows: see LlamaCppBatch
+        self.cells, self.rows, self.threads = cells or model.max_length, rows, llamacpp_threads()
+        params = context_params(model.engine, lib, self.cells, rows, BATCH, self.threads)
         self.ctx = lib.llama_init_from_model(model._model, params)
         if not self.ctx:
             fewer = " or batch fewer rows" if rows > 1 else ""
-            raise AnydraftError(f"llama.cpp could not create a context of {cells} tokens "
+            raise AnydraftError(f"{model.engine.label} could not create a context of {self.cells} tokens "
                                 f"for {model.name}: set ANYDRAFT_LLAMACPP_CONTEXT lower{fewer}")
         self.memory = lib.llama_get_memory(self.ctx)
         self.batch = lib.llama_batch_init(BATCH, 0, 1)
@@ -266,7 +240,7 @@ class LlamaCppSession:
             status = lib.llama_decode(self._ctx, batch)
             if status != 0:
                 self.rollback(self._length)  # drop whatever the failed call left behind
-                raise AnydraftError(f"llama.cpp decode failed (status {status})")
+                raise AnydraftError(f"{self._owner.engine.label} decode failed (status {status})")
             for j in wanted:
                 row = lib.llama_get_logits_ith(self._ctx, j)
                 out[start + j - first_row] = np.ctypeslib.as_array(row, shape=(self.vocab_size,))
@@ -278,7 +252,7 @@ class LlamaCppSession:
         self._check_open()
         # false where the memory cannot be cut at n (recurrent state: refused at load)
         if not self._lib.llama_memory_seq_rm(self._memory, 0, n, -1):
-            raise AnydraftError(f"llama.cpp could not roll the cache of {self._owner.name} back "
+            raise AnydraftError(f"{self._owner.engine.label} could not roll the cache of {self._owner.name} back "
                                 f"to {n} tokens: {ROLLBACK_HELP}")
         self._length = n
 
@@ -295,7 +269,7 @@ class LlamaCppSession:
 
     def _check_open(self) -> None:
         if self._context is None:
-            raise AnydraftError(f"this llama.cpp session of {self._owner.name} was closed")
+            raise AnydraftError(f"this {self._owner.engine.label} session of {self._owner.name} was closed")
 
     __del__ = close
 
@@ -366,12 +340,9 @@ class LlamaCppBatch:
 
     def __init__(self, model: LlamaCppModel, max_rows: int, cells: int | None = None):
         lib = model._lib
-        # llama.cpp's LLAMA_MAX_SEQ; 256 in the builds without the function
-        limit = 256
-        if hasattr(lib, "llama_max_parallel_sequences"):
-            limit = int(lib.llama_max_parallel_sequences())
+        limit = max_sequences(lib)
         if not 1 <= max_rows <= limit:
-            raise AnydraftError(f"a llama.cpp batch holds 1 to {limit} rows (got max_rows={max_rows})")
+            raise AnydraftError(f"a {model.engine.label} batch holds 1 to {limit} rows (got max_rows={max_rows})")
         self._lib, self._owner, self.max_rows = lib, model, max_rows
         self.vocab_size, self.max_length = model.vocab_size, model.max_length
         self.cells = cells or max_rows * model.max_length
@@ -420,7 +391,7 @@ class LlamaCppBatch:
                     lib.llama_memory_seq_rm(self._context.memory, row, self._rows[row], -1)
                 room = (f": the KV cache of {self.cells} tokens the rows share is full (give the batch "
                         "more cells, or fewer rows)") if status == 1 else ""
-                raise AnydraftError(f"llama.cpp decode failed (status {status}){room}")
+                raise AnydraftError(f"{self._owner.engine.label} decode failed (status {status}){room}")
             for j, (row, _, _, k) in enumerate(chunk):
                 if k >= 0:
                     logits = lib.llama_get_logits_ith(ctx, j)
@@ -432,7 +403,7 @@ class LlamaCppBatch:
     def rollback(self, row: int, n: int) -> None:
         assert 0 <= n <= self._rows[row], (n, self._rows[row])
         if not self._lib.llama_memory_seq_rm(self._context.memory, row, n, -1):
-            raise AnydraftError(f"llama.cpp could not roll the cache of {self._owner.name} back "
+            raise AnydraftError(f"{self._owner.engine.label} could not roll the cache of {self._owner.name} back "
                                 f"to {n} tokens: {ROLLBACK_HELP}")
         self._rows[row] = n
 
@@ -467,7 +438,7 @@ def quantize(spec: str, kind: str, progress=None) -> str:
     out = catalog.cache_dir() / "quantized" / f"{source.cache_key}.{kind.upper()}.gguf"
     if out.is_file():
         return str(out)
-    lib = _lib()
+    lib = LLAMACPP.api()
     params = lib.llama_model_quantize_default_params()
     params.ftype = getattr(lib, QUANTS[kind])
     params.allow_requantize = True

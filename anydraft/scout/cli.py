@@ -7,6 +7,7 @@ import re
 import sys
 
 from ..errors import AnydraftError
+from ..models.engines import BACKENDS
 
 HELP = """Find the fastest way to decode a target on this machine: each candidate drafter x
 backend x method (sd where the tokenizer matches, slem/tli/slrs otherwise, and prompt lookup)
@@ -27,10 +28,10 @@ def register(sub) -> None:
     which.add_argument("--installed", action="store_true",
                        help="every installed catalog model smaller than the target")
     s.add_argument("--backends", default="torch,llamacpp",
-                   help="comma list: the backends each drafter is tried on (llamacpp: GGUF only)")
+                   help="comma list: the backends each drafter is tried on (llamacpp, ik: GGUF only)")
     s.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma list of the methods to try (default {','.join(METHODS)})")
-    s.add_argument("--target-backend", default="auto", choices=("auto", "torch", "llamacpp"),
+    s.add_argument("--target-backend", default="auto", choices=("auto", *BACKENDS),
                    help="the target's backend (auto: the faster here, as Decoder chooses)")
     s.add_argument("--dtype", default="auto", help="the target's dtype on torch (auto: the fastest here)")
     s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -114,7 +115,7 @@ def settings_from_args(args):
         raise AnydraftError(f"--methods: choose from {', '.join(METHODS)}, got {args.methods!r}")
     backends = [b for b in parse_backends(args.backends, "--backends") if b != "auto"]
     if not backends:
-        raise AnydraftError("--backends: name torch and/or llamacpp")
+        raise AnydraftError(f"--backends: name one or more of {', '.join(BACKENDS)}")
     parse_dtype(args.dtype, allow_auto=True)
     return ScoutSettings(
         target=args.target, drafters=choose_drafters(args.target, args.drafters, args.installed),

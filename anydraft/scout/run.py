@@ -20,7 +20,7 @@ from .measure import DRAFTER_METHODS, Candidate, best_k, measured, predict, run_
 CONFIRM = 3  # candidates confirmed beside plain decoding
 PLAIN_SLACK = 1.3  # prompt reads and per-step overheads on top of T(1) per token
 MIN_RUNS = 4  # one candidate: measured (up to ~2 plain runs' time), confirmed beside plain (2 more)
-LOAD_GUESS = {"llamacpp": 5.0, "torch": 30.0}  # seconds to load a drafter, until one was timed
+LOAD_GUESS = {"llamacpp": 5.0, "ik": 5.0, "torch": 30.0}  # seconds to load a drafter, until one was timed
 SLOWEST = 0.25  # a confirm run is priced at most this much slower than plain decoding
 
 
@@ -72,7 +72,7 @@ def check_budget(settings: ScoutSettings, clock: Clock, plain: float, plain_step
 def candidates(settings: ScoutSettings, target_tok, say) -> list[tuple[Candidate, dict]]:
     """(candidate, facts about its pair) in the order they are measured (see the module doc)."""
     from ..bridge import intersect, same_tokenizer, token_table
-    from ..hardware.profile import llamacpp_runs
+    from ..hardware.profile import gguf_engines
     from ..models.loading import load_tokenizer
 
     first, rest = [], []
@@ -91,9 +91,9 @@ def candidates(settings: ScoutSettings, target_tok, say) -> list[tuple[Candidate
                                   f"{'the same as' if same else 'not'} the target's: "
                                   f"{', '.join(DRAFTER_METHODS[same])})")
         for backend in settings.backends:
-            if backend == "llamacpp" and not llamacpp_runs(name):
-                settings.notes.append(f"{name} on llamacpp skipped: llama.cpp needs a GGUF model "
-                                      "and llama-cpp-python")
+            if backend != "torch" and backend not in gguf_engines(name):
+                settings.notes.append(f"{name} on {backend} skipped: it needs a GGUF model and "
+                                      f"its engine installed (pip install 'anydraft[{backend}]')")
                 continue
             for i, method in enumerate(methods):
                 (rest if i else first).append((Candidate(method, name, backend), facts))

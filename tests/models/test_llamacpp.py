@@ -1,4 +1,5 @@
-"""The llama.cpp backend: the session protocol on every catalog model, and tokenizer agreement
+"""The llama.cpp-family backends: the session protocol on every catalog model on llama.cpp and
+ik_llama.cpp, the two engines' logits of one file against each other, and tokenizer agreement
 between llama.cpp's own vocabulary and the transformers tokenizer read from the same GGUF."""
 
 import random
@@ -16,20 +17,22 @@ from anydraft.models.loading import load_tokenizer, resolve
 from tests.conftest import require_llamacpp, require_model
 
 MODELS = list(catalog.CATALOG)
+ENGINES = ["llamacpp", "ik"]
 
 
 @pytest.fixture(scope="module")
 def llama_model():
     cache = {}
 
-    def get(name):
-        require_llamacpp()
+    def get(name, engine="llamacpp"):
+        require_llamacpp(engine)
         require_model(name)
-        if name not in cache:
+        if (name, engine) not in cache:
+            from anydraft.models.engines import ENGINES
             from anydraft.models.llamacpp import LlamaCppModel
 
-            cache[name] = LlamaCppModel.load(resolve(name))
-        return cache[name]
+            cache[name, engine] = LlamaCppModel.load(resolve(name), engine=ENGINES[engine])
+        return cache[name, engine]
 
     return get
 
@@ -49,12 +52,18 @@ def feed_in(session, ids, sizes):
     return torch.cat(out)
 
 
+FIB = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+
+
+# (model, engine): ik_llama.cpp refuses Gemma-3 (`test_ik_refuses_what_it_misscores`)
+PAIRS = [(name, engine) for name in MODELS for engine in ENGINES if engine == "llamacpp" or name != "gemma3-270m"]
+
+
 @pytest.mark.real
-@pytest.mark.parametrize("name", MODELS)
-def test_session_rows_rollback_and_refeed(llama_model, name):
-    model = llama_model(name)
-    text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
-    ids = load_tokenizer(name).encode(text * 2, add_special_tokens=False)[:48]
+@pytest.mark.parametrize("name,engine", PAIRS)
+def test_session_rows_rollback_and_refeed(llama_model, name, engine):
+    model = llama_model(name, engine)
+    ids = load_tokenizer(name).encode(FIB * 2, add_special_tokens=False)[:48]
     n, half = len(ids), len(ids) // 2
     sizes = [half] + [1] * (n - half)  # a prompt, then one token at a time
     fresh = feed_in(model.new_session(), ids, sizes)
@@ -80,8 +89,40 @@ def test_session_rows_rollback_and_refeed(llama_model, name):
 
 
 @pytest.mark.real
-def test_sessions_of_one_model_are_independent(llama_model):
-    model = llama_model("smollm2-135m")
+@pytest.mark.parametrize("name", [name for name, engine in PAIRS if engine == "ik"])
+def test_the_two_engines_score_a_file_alike(llama_model, name):
+    """ik_llama.cpp's logits of a GGUF file are llama.cpp's, to the rounding of other kernels
+    (its repacked weights, its own matrix products): the structures and calls declared for it
+    (models/engines.py) are right, and its end-of-generation ids and window are the file's."""
+    ik, llama = llama_model(name, "ik"), llama_model(name, "llamacpp")
+    assert (ik.vocab_size, ik.max_length, ik.eos_ids) == (llama.vocab_size, llama.max_length, llama.eos_ids)
+    ids = load_tokenizer(name).encode(FIB * 2, add_special_tokens=False)[:40]
+    theirs, ours = llama.new_session().feed(ids), ik.new_session().feed(ids)
+    assert float((theirs - ours).abs().max()) <= float(theirs.std()), "beyond rounding"
+    agree = (theirs.argmax(-1) == ours.argmax(-1)).float().mean()
+    assert agree >= 0.9, f"argmax agrees on only {agree:.0%} of rows"
+
+
+@pytest.mark.real
+def test_ik_refuses_what_it_misscores():
+    """Gemma-3 on ik_llama.cpp scores far from llama.cpp (models/engines.py `IK_MISSCORES`): a
+    clear error by hand, and `auto` never measures it there."""
+    require_llamacpp("ik")
+    require_model("gemma3-270m")
+    from anydraft.hardware.profile import gguf_engines
+    from anydraft.models.engines import ENGINES
+    from anydraft.models.llamacpp import LlamaCppModel
+
+    with pytest.raises(AnydraftError, match="ik_llama.cpp scores Gemma-3 .* run gemma3-270m on another backend"):
+        LlamaCppModel.load(resolve("gemma3-270m"), engine=ENGINES["ik"])
+    assert gguf_engines("gemma3-270m") == ("llamacpp",)
+    assert gguf_engines("smollm2-135m") == ("llamacpp", "ik")
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sessions_of_one_model_are_independent(llama_model, engine):
+    model = llama_model("smollm2-135m", engine)
     a, b = model.new_session(), model.new_session()
     want = a.feed([1, 2, 3, 4])
     b.feed([9, 9, 9, 9, 9, 9])
