@@ -54,12 +54,9 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
         gguf = _gguf_curves(spec, remeasure, progress)
         paths.update({gguf_path(engine): curve for engine, curve in gguf.items()})
 
-        def choice(as_role: str, path: str, rows: int) -> str:
-            best_path = profile.best_for(as_role, {path: curves[path], **gguf}, rows)
-            return gguf_path(best_path) if best_path in gguf else f"torch {path}"
-
-        as_target, as_drafter, as_server = (choice("target", best, 1), choice("drafter", best, 1),
-                                            choice("target", serving, SERVER_ROWS))
+        as_target, as_drafter, as_server = (
+            _choice(as_role, path, curves, gguf, rows)
+            for as_role, path, rows in (("target", best, 1), ("drafter", best, 1), ("target", serving, SERVER_ROWS)))
         # what exact scoring costs on each path a target runs on (hardware/exact_cost.py)
         exact = _exact_costs(spec, [*curves, *gguf], device, remeasure, progress) if role == "target" else {}
         copies = quantized(spec, quantize, remeasure, progress) if "llamacpp" in gguf else {}
@@ -81,6 +78,13 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
             "role": role,
         }
     return out
+
+
+def _choice(role: str, path: str, curves: dict, gguf: dict, rows: int) -> str:
+    """What `auto` runs a model in ``role`` on: the torch ``path`` (of ``curves``) or an engine
+    of ``gguf`` (`profile.best_for`), as doctor names it."""
+    best = profile.best_for(role, {path: curves[path], **gguf}, rows)
+    return gguf_path(best) if best in gguf else f"torch {path}"
 
 
 def _exact_costs(spec: str, paths: list[str], device: str, remeasure: bool, progress) -> dict:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from ..errors import AnydraftError
 
-
 # ik_llama.cpp evaluates a call in graphs of at most this many tokens. The 0.1.5 wheel's kernels
 # scored SmolLM2-135M's Q4_1 weights wrong from 32 tokens in one graph (logits up to 34 apart
 # from the same positions scored one at a time, argmax agreeing on 28-38% of them; AMD Zen 4,
