@@ -39,7 +39,8 @@ def register(sub) -> None:
                    help="comma list: hf (transformers' assisted generation on the same pair), "
                         "llama-server (llama.cpp's own server on the target's GGUF file, the same "
                         "prompt tokens, threads and context; greedy; built once into the cache when "
-                        "not on PATH or in $ANYDRAFT_LLAMA_SERVER)")
+                        "not on PATH or in $ANYDRAFT_LLAMA_SERVER), ik-llama-server (ik_llama.cpp's "
+                        "own server, likewise; $ANYDRAFT_IK_LLAMA_SERVER)")
     b.add_argument("--dataset", default="builtin",
                    help="builtin | spec-bench (../shared/data/spec_bench_questions.jsonl) | PATH.jsonl")
     b.add_argument("--categories", default=None, help="comma list: only these categories")
@@ -86,6 +87,7 @@ def settings_from_args(args):
     from .runner import (
         BASELINES,
         EXACT_CHOICES,
+        SERVERS,
         BenchSettings,
         backends_for,
         parse_backends,
@@ -108,8 +110,8 @@ def settings_from_args(args):
     for b in baselines:
         if b not in BASELINES:
             raise AnydraftError(f"unknown --baseline {b!r}: choose from {', '.join(BASELINES)}")
-    if "llama-server" in baselines and not sampling.greedy:
-        raise AnydraftError("--baseline llama-server compares greedy decoding (its output must "
+    if set(baselines) & set(SERVERS) and not sampling.greedy:
+        raise AnydraftError(f"--baseline {' and '.join(set(baselines) & set(SERVERS))} compares greedy decoding (its output must "
                             "equal plain decoding's): drop --temperature, or set it to 0")
     if "hf" in baselines and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")
@@ -132,7 +134,7 @@ def settings_from_args(args):
     return BenchSettings(
         target=args.target, drafters=drafters, methods=methods, target_backends=target_backends,
         drafter_backends=drafter_backends, baseline_hf="hf" in baselines,
-        baseline_llama_server="llama-server" in baselines,
+        baseline_servers=tuple(b for b in SERVERS if b in baselines),
         max_new_tokens=args.max_new_tokens, sampling=sampling, dtype=args.dtype,
         drafter_dtype=args.drafter_dtype, device=device, draft=draft,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, busy_cores=args.busy_cores,

@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,94 +37,148 @@ CMAKE_FLAGS = ["-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8
 START_TIMEOUT = 120.0
 
 
-def _version() -> str:
+@dataclass(frozen=True)
+class Flavor:
+    """A plain server a CPU user would run on a GGUF file, and the sources it is built from:
+    the sdist of the Python package that runs the same engine inside anydraft."""
+
+    name: str  # the binary's name in the cache, and the baseline's name in reports
+    label: str  # for people
+    package: str  # the Python package whose sdist vendors the engine's tree
+    tree: str  # the engine's folder inside the sdist
+    env: str  # the environment variable that names another binary
+    options: tuple[str, ...] = ()  # cmake options beyond the common ones
+    prepare: Callable[[Path], None] | None = None  # fixes the tree needs before cmake
+    # the server's own flags beyond model, threads, context, slots and address: as users run it
+    flags: tuple[str, ...] = ()
+
+
+def _prepare_ik(source: Path) -> None:
+    """ik_llama.cpp's tree as its sdist ships it does not configure: no git, so its build-info
+    script (common/cmake/build-info-gen-cpp.cmake, not shipped) must write build-info.cpp from
+    its template; and examples/ names folders the sdist leaves out, so only the server (with
+    the multimodal library it links) and llama-bench are built."""
+    (source / "common" / "cmake").mkdir(exist_ok=True)
+    (source / "common" / "cmake" / "build-info-gen-cpp.cmake").write_text(
+        'set(BUILD_NUMBER 0)\nset(BUILD_COMMIT "sdist")\n'
+        'set(BUILD_COMPILER "${CMAKE_C_COMPILER_ID} ${CMAKE_C_COMPILER_VERSION}")\n'
+        'set(BUILD_TARGET "")\nconfigure_file(common/build-info.cpp.in common/build-info.cpp)\n')
+    (source / "examples" / "CMakeLists.txt").write_text(
+        "find_package(Threads REQUIRED)\ninclude_directories(${CMAKE_CURRENT_SOURCE_DIR})\n"
+        "add_subdirectory(mtmd)\nadd_subdirectory(llama-bench)\nadd_subdirectory(server)\n")
+    (source / "pocs" / "CMakeLists.txt").parent.mkdir(exist_ok=True)
+    (source / "pocs" / "CMakeLists.txt").write_text("")
+
+
+# --no-cache-prompt: anydraft reads every request's prompt, so llama-server must too; with its
+# prompt cache on, bench-serve's measured level found the warm-up's prompts still in the slots
+# (TTFT 0.7 s against anydraft's 12 s at 8 clients on the Zen 5)
+LLAMA_SERVER = Flavor("llama-server", "llama-server", "llama-cpp-python", "vendor/llama.cpp",
+                      "ANYDRAFT_LLAMA_SERVER", ("-DLLAMA_BUILD_EXAMPLES=OFF",),
+                      flags=("--no-cache-prompt", "--no-webui"))
+# ik_llama.cpp's own server (models/engines.py): built for this CPU (its AVX-512 kernels where it
+# has them), as its users build it, with the flash-attention kernels of the common KV types only
+IK_SERVER = Flavor("ik-llama-server", "ik_llama.cpp's llama-server", "ik-llama-cpp-python",
+                   "vendor/ik_llama.cpp", "ANYDRAFT_IK_LLAMA_SERVER",
+                   ("-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
+                   _prepare_ik,
+                   # run-time repack (as anydraft's ik backend loads): one token as fast as llama.cpp's;
+                   # it has no flag for the prompt cache, which each request turns off
+                   flags=("-rtr",))
+FLAVORS = {flavor.name: flavor for flavor in (LLAMA_SERVER, IK_SERVER)}
+
+
+def _version(flavor: Flavor = LLAMA_SERVER) -> str:
     try:
         from importlib.metadata import version
 
-        return version("llama-cpp-python")
+        return version(flavor.package)
     except Exception as exc:  # noqa: BLE001 - any failure means: not installed
-        raise AnydraftError("the llama-server baseline is built from the llama.cpp sources of "
-                            "llama-cpp-python, which is not installed: pip install "
-                            "'anydraft[llamacpp]', or set ANYDRAFT_LLAMA_SERVER=/path/to/llama-server"
-                            ) from exc
+        raise AnydraftError(f"the {flavor.label} baseline is built from the sources of {flavor.package}, "
+                            f"which is not installed: pip install it (anydraft's extras install it), "
+                            f"or set {flavor.env}=/path/to/llama-server") from exc
 
 
-def built_path() -> Path:
-    """Where `build` puts the binary: one per llama-cpp-python version."""
+def built_path(flavor: Flavor = LLAMA_SERVER) -> Path:
+    """Where `build` puts the binary: one per version of the package it is built from."""
     from ..models.catalog import cache_dir
 
-    return cache_dir() / "llama-server" / _version() / "llama-server"
+    return cache_dir() / flavor.name / _version(flavor) / "llama-server"
 
 
-def find() -> str | None:
-    """The llama-server binary to use, or None when there is none yet (see the module docstring)."""
-    given = os.environ.get("ANYDRAFT_LLAMA_SERVER")
+def find(flavor: Flavor = LLAMA_SERVER) -> str | None:
+    """The server binary to use, or None when there is none yet (see the module docstring)."""
+    given = os.environ.get(flavor.env)
     if given:
         if not (os.path.isfile(given) and os.access(given, os.X_OK)):
-            raise AnydraftError(f"ANYDRAFT_LLAMA_SERVER={given!r} is not an executable file: "
+            raise AnydraftError(f"{flavor.env}={given!r} is not an executable file: "
                                 "point it at a llama-server binary, or unset it")
         return given
-    on_path = shutil.which("llama-server")
+    on_path = shutil.which("llama-server") if flavor is LLAMA_SERVER else None
     if on_path:
         return on_path
     try:
-        path = built_path()
+        path = built_path(flavor)
     except AnydraftError:
         return None
     return str(path) if path.is_file() else None
 
 
-def build(progress=print) -> str:
-    """Compile llama-server once into the cache from the sources of the installed
-    llama-cpp-python (its sdist, fetched from the package registry); the binary's path."""
-    out = built_path()
+def build(progress=print, flavor: Flavor = LLAMA_SERVER) -> str:
+    """Compile the server once into the cache from the sources of the installed package (its
+    sdist, fetched from the package registry); the binary's path. llama-bench is built beside
+    ik_llama.cpp's server (``doctor``'s curves are checked against it, docs/hardware.md)."""
+    out = built_path(flavor)
     if out.is_file():
         return str(out)
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
-            raise AnydraftError(f"building llama-server needs {tool} (apt-get install cmake g++), "
-                                "or set ANYDRAFT_LLAMA_SERVER=/path/to/llama-server")
-    version = _version()
+            raise AnydraftError(f"building {flavor.label} needs {tool} (apt-get install cmake g++), "
+                                f"or set {flavor.env}=/path/to/llama-server")
+    version = _version(flavor)
     jobs = str(os.cpu_count() or 1)
-    progress(f"building llama-server from llama-cpp-python {version}'s llama.cpp sources (once, "
-             f"about 10 minutes on 2 cores) into {out.parent}")
+    progress(f"building {flavor.label} from {flavor.package} {version}'s sources (once, 10-20 "
+             f"minutes on 2 cores) into {out.parent}")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="anydraft-llama-server-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"anydraft-{flavor.name}-") as tmp:
         _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-              f"llama-cpp-python=={version}", "-d", tmp],
-             f"could not download the llama-cpp-python {version} sources")
-        archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"), None)
+              f"{flavor.package}=={version}", "-d", tmp],
+             f"could not download the {flavor.package} {version} sources", flavor)
+        archive = next(Path(tmp).glob("*.tar.gz"), None)
         if archive is None:
-            raise AnydraftError(f"pip left no llama-cpp-python {version} source archive in {tmp}")
+            raise AnydraftError(f"pip left no {flavor.package} {version} source archive in {tmp}")
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
-        source = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
+        source = next(Path(tmp).glob(f"*/{flavor.tree}"))
+        if flavor.prepare:
+            flavor.prepare(source)
         build_dir = source / "build"
         _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-              "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *CMAKE_FLAGS],
-             "cmake could not configure llama.cpp")
-        _run(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs],
-             "llama-server did not compile")
-        binary = build_dir / "bin" / "llama-server"
+              "-DLLAMA_BUILD_TESTS=OFF", *flavor.options, *CMAKE_FLAGS],
+             f"cmake could not configure {flavor.label}", flavor)
+        targets = ["llama-server"] + (["llama-bench"] if flavor is IK_SERVER else [])
+        _run(["cmake", "--build", str(build_dir), "--target", *targets, "-j", jobs],
+             f"{flavor.label} did not compile", flavor)
         out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_name(f".llama-server.{os.getpid()}.partial")
-        shutil.copy2(binary, partial)
-        os.replace(partial, out)
+        for target in targets:
+            partial = out.with_name(f".{target}.{os.getpid()}.partial")
+            shutil.copy2(build_dir / "bin" / target, partial)
+            os.replace(partial, out.with_name(target))
     progress(f"built {out} in {time.perf_counter() - start:.0f} s")
     return str(out)
 
 
-def _run(cmd: list[str], failure: str) -> None:
+def _run(cmd: list[str], failure: str, flavor: Flavor) -> None:
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         tail = "\n".join(done.stdout.splitlines()[-20:])
         raise AnydraftError(f"{failure} ({' '.join(cmd[:3])} ... exit {done.returncode}); set "
-                            f"ANYDRAFT_LLAMA_SERVER=/path/to/llama-server to use another build:\n{tail}")
+                            f"{flavor.env}=/path/to/llama-server to use another build:\n{tail}")
 
 
-def find_or_build(progress=print) -> str:
-    return find() or build(progress)
+def find_or_build(progress=print, flavor: Flavor = LLAMA_SERVER) -> str:
+    return find(flavor) or build(progress, flavor)
 
 
 @dataclass
@@ -144,8 +199,9 @@ class LlamaServer:
 
     def __init__(self, gguf: str, threads: int, context: int, parallel: int = 1,
                  binary: str | None = None, log: str | os.PathLike | None = None,
-                 port: int | None = None):
-        self.binary = binary or find_or_build()
+                 port: int | None = None, flavor: Flavor = LLAMA_SERVER):
+        self.flavor = flavor
+        self.binary = binary or find_or_build(flavor=flavor)
         self.gguf, self.threads, self.context, self.parallel = gguf, threads, context, parallel
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -154,12 +210,9 @@ class LlamaServer:
 
     @property
     def command(self) -> list[str]:
-        # --no-cache-prompt: anydraft reads every request's prompt, so llama-server must too; with
-        # its prompt cache on, bench-serve's measured level found the warm-up's prompts still in
-        # the slots (TTFT 0.7 s against anydraft's 12 s at 8 clients on the Zen 5)
         return [self.binary, "-m", self.gguf, "-t", str(self.threads), "-tb", str(self.threads),
                 "-c", str(self.context * self.parallel), "--parallel", str(self.parallel),
-                "--no-cache-prompt", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
+                "--host", "127.0.0.1", "--port", str(self.port), *self.flavor.flags]
 
     def __enter__(self) -> LlamaServer:
         log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -207,11 +260,23 @@ class LlamaServer:
             raise AnydraftError(f"llama-server answered {exc.code}: {exc.read()[:300]!r}") from exc
         seconds = time.perf_counter() - start
         timings = answer.get("timings", {})
-        return Completion(token_ids=[int(t) for t in answer["tokens"]], seconds=seconds,
+        tokens = answer.get("tokens")
+        if tokens is None:  # ik_llama.cpp's server answers text only: its own tokenizer's ids
+            tokens = self._tokenize(answer["content"])
+        return Completion(token_ids=[int(t) for t in tokens], seconds=seconds,
                           prompt_tokens=int(timings.get("prompt_n", len(prompt_ids))),
                           prompt_ms=float(timings.get("prompt_ms", 0.0)),
                           decode_ms=float(timings.get("predicted_ms", 0.0)),
                           stop_type=str(answer.get("stop_type", "")))
+
+
+    def _tokenize(self, text: str) -> list[int]:
+        """``text`` in the server's own token ids (its /tokenize endpoint). Greedy text
+        re-tokenized can differ from the ids generated where a tokenizer merges across them."""
+        request = urllib.request.Request(f"{self.base}/tokenize", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"content": text, "add_special": False}).encode())
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return list(json.loads(r.read())["tokens"])
 
 
 class ServerBaseline:
@@ -219,22 +284,22 @@ class ServerBaseline:
     the threads and context window of anydraft's llama.cpp sessions, started by `start` and
     stopped by `close`; `generate` has the signature of the bench's other baseline (hf)."""
 
-    def __init__(self, spec: str, context: int, progress=print, log=None):
+    def __init__(self, spec: str, context: int, progress=print, log=None, flavor: Flavor = LLAMA_SERVER):
         from ..models.llamacpp import _threads
         from ..models.loading import resolve
 
         source = resolve(spec)
         if source.gguf_file is None:
-            raise AnydraftError(f"--baseline llama-server needs a GGUF target ({spec!r} is not one): "
+            raise AnydraftError(f"--baseline {flavor.name} needs a GGUF target ({spec!r} is not one): "
                                 "llama-server runs GGUF files only")
-        self.gguf = os.path.join(source.path, source.gguf_file)
-        self.server = LlamaServer(self.gguf, _threads(), context, binary=find_or_build(progress),
-                                  log=log)
+        self.gguf, self.flavor = os.path.join(source.path, source.gguf_file), flavor
+        self.server = LlamaServer(self.gguf, _threads(), context, binary=find_or_build(progress, flavor),
+                                  log=log, flavor=flavor)
         self.progress = progress
 
     def start(self) -> ServerBaseline:
         self.server.__enter__()
-        self.progress(f"llama-server: {' '.join(self.server.command)}")
+        self.progress(f"{self.flavor.name}: {' '.join(self.server.command)}")
         return self
 
     def close(self) -> None:
@@ -242,7 +307,7 @@ class ServerBaseline:
 
     def describe(self) -> str:
         s = self.server
-        return (f"llama-server baseline: {s.binary} on {os.path.basename(self.gguf)}, {s.threads} "
+        return (f"{self.flavor.name} baseline: {s.binary} on {os.path.basename(self.gguf)}, {s.threads} "
                 f"threads, context {s.context}, /completion with the same prompt token ids, greedy "
                 "(temperature 0, top-k 1), no prompt cache; its prefill seconds are the request's "
                 "wall time minus the server's own decode time; huge pages "
@@ -258,9 +323,9 @@ class ServerBaseline:
         return done.token_ids, done.seconds, max(0.0, done.seconds - done.decode_ms / 1000)
 
 
-if __name__ == "__main__":  # python -m anydraft.bench.llama_server: find or build it, print its path
+if __name__ == "__main__":  # python -m anydraft.bench.llama_server [ik-llama-server]: find or build it
     try:
-        print(find_or_build(lambda msg: print(msg, file=sys.stderr)))
+        print(find_or_build(lambda msg: print(msg, file=sys.stderr), FLAVORS[(sys.argv[1:] or ["llama-server"])[0]]))
     except AnydraftError as exc:
         print(f"anydraft: error: {exc}", file=sys.stderr)
         sys.exit(2)

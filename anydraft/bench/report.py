@@ -153,7 +153,7 @@ def labeller(rows: list[dict]) -> Callable[[dict], str]:
 def several_plain(rows: list[dict]) -> bool:
     """Whether more than one plain decoding ran (AR on several target backends, llama-server)."""
     return len({(r["method"], r["target_backend"]) for r in rows
-                if r["method"] in ("ar", "llama-server")}) > 1
+                if r["method"] in ("ar", "llama-server", "ik-llama-server")}) > 1
 
 
 def has_server(rows: list[dict]) -> bool:

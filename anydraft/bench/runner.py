@@ -33,7 +33,8 @@ from .realtime import throttle_note
 
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only
-BASELINES = ("hf", "llama-server")
+SERVERS = ("llama-server", "ik-llama-server")  # plain servers on the target's GGUF (llama_server.py FLAVORS)
+BASELINES = ("hf", *SERVERS)
 # --exact: every target plain, every target exact, each both ways in the same run, or each as
 # `Decoder`'s exact="auto" chooses on this machine (hardware/exact_cost.py)
 EXACT_CHOICES = ("off", "on", "both", "auto")
@@ -58,7 +59,8 @@ class BenchSettings:
     target_backends: list[str] = field(default_factory=lambda: ["torch"])
     drafter_backends: list[str] = field(default_factory=lambda: ["torch"])
     baseline_hf: bool = False
-    baseline_llama_server: bool = False  # llama.cpp's own server on the target's GGUF (llama_server.py)
+    # plain servers run on the target's GGUF beside AR (`SERVERS`: llama.cpp's, ik_llama.cpp's)
+    baseline_servers: tuple[str, ...] = ()
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # the torch runs' dtypes: they choose no backend here (bench/cli.py applies `backends_for`)
@@ -294,22 +296,23 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         for exact in settings.exact_variants(tb):
             jobs += _path_jobs(settings, tb, target.model, target_tok, exact, alone, drafters, todo,
                                hf, name_of, common)
-    server = None
-    if settings.baseline_llama_server:  # beside AR on llama.cpp (its own target backend)
-        from ..models.llamacpp import requested_context
-        from .llama_server import ServerBaseline
-
-        tb = "llamacpp" if "llamacpp" in targets else settings.target_backends[0]
-        context = getattr(targets[tb].model, "max_length", None) or requested_context()
-        server = ServerBaseline(settings.target, context, progress_note).start()
-        settings.notes.append(server.describe())
-        path = target_path(tb, settings.exact_variants(tb)[0])
-        at = next(i for i, job in enumerate(jobs) if job[0] == (path, None, None, "ar")) + 1
-        jobs.insert(at, ((path, None, None, "llama-server"), jobs[at - 1][1], server))
+    servers = []
     try:
+        for name in settings.baseline_servers:  # beside AR on a llama.cpp-family backend
+            from ..models.engines import ENGINES
+            from ..models.llamacpp import requested_context
+            from .llama_server import FLAVORS, ServerBaseline
+
+            tb = next((b for b in settings.target_backends if b in ENGINES), settings.target_backends[0])
+            context = getattr(targets[tb].model, "max_length", None) or requested_context()
+            servers.append(ServerBaseline(settings.target, context, progress_note, flavor=FLAVORS[name]).start())
+            settings.notes.append(servers[-1].describe())
+            path = target_path(tb, settings.exact_variants(tb)[0])
+            at = next(i for i, job in enumerate(jobs) if job[0] == (path, None, None, "ar")) + 1
+            jobs.insert(at, ((path, None, None, name), jobs[at - 1][1], servers[-1]))
         return _timed_runs(settings, prompts, jobs, target_tok, chat, name_of, progress_note, quiet)
     finally:
-        if server is not None:
+        for server in servers:
             server.close()
 
 
@@ -422,12 +425,12 @@ def _measured_runs(settings: BenchSettings, prompts: list[dict], jobs: list, run
 
 def fastest_plain(rows: list[dict]) -> str | None:
     """The label (`label` with every backend named) of the plain decoding that ran fastest,
-    by median tokens/s over the prompts: AR on each target path (plain or exact), and
-    llama-server where it ran; sets every row's ``speedup_vs_fastest_plain`` (per prompt: its
+    by median tokens/s over the prompts: AR on each target path (plain or exact), and the
+    plain servers (`SERVERS`) where they ran; sets every row's ``speedup_vs_fastest_plain`` (per prompt: its
     tokens/s over that plain decoding's on the same prompt)."""
     plain = {}
     for r in rows:
-        if r["method"] in ("ar", "llama-server"):
+        if r["method"] in ("ar", *SERVERS):
             plain.setdefault((r["method"], r["target_backend"]), {})[r["prompt_id"]] = r["tokens_per_s"]
     if not plain:
         return None
@@ -435,7 +438,7 @@ def fastest_plain(rows: list[dict]) -> str | None:
     for r in rows:
         base = plain[best].get(r["prompt_id"])
         r["speedup_vs_fastest_plain"] = r["tokens_per_s"] / base if base else None
-    return best[0] if best[0] == "llama-server" else label("ar", None, best[1], None, (True, False))
+    return best[0] if best[0] in SERVERS else label("ar", None, best[1], None, (True, False))
 
 
 def divergence(dec, prompt, chat: bool, ar: list[int], other: list[int]) -> tuple[int, float | None]:
