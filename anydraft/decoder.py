@@ -28,13 +28,32 @@ from .hardware.profile import cached_curve
 from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
+from .planning.cost import drafting_pays
 from .planning.estimates import Costs, Estimates
+from .planning.settings import SETTINGS
 from .request import RequestOptions
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
     """Every id that ends generation: the byte table's and the model files' own."""
     return frozenset(set(token_table(loaded.tokenizer).eos_ids) | loaded.model_eos_ids)
+
+
+def _useful(loaded: LoadedModel, spec, target_curve: dict | None, progress) -> LoadedModel | None:
+    """The drafter of ``auto``, or None where the measured curves say no draft of it could pay
+    even at a high acceptance (`drafting_pays`): plain decoding and prompt-lookup copies, which
+    cost no drafter work, are then all `auto` does (never slower than plain decoding)."""
+    curve = cached_curve(spec, loaded) if isinstance(spec, str) else None
+    if not target_curve or not curve:
+        return loaded  # not measured here: the policy finds out
+    a = SETTINGS.hopeful_acceptance
+    if drafting_pays(target_curve, curve[1], a):
+        return loaded
+    if progress:
+        progress(f"auto: no draft of {loaded.name} ({loaded.path}, {curve[1] * 1e3:.1f} ms a pass) "
+                 f"could pay on this target's measured curve even at acceptance {a}: decoding "
+                 "plainly, with prompt-lookup copies (`--method` another method to draft anyway)")
+    return None
 
 
 class Decoder:
@@ -115,11 +134,13 @@ class Decoder:
                     f"drafter is on {self.drafter.device} but the target is on "
                     f"{self.target.device}: put both on the same device"
                 )
-        self.table = token_table(self.target.tokenizer)
-        self.eos_ids = _eos_ids(self.target)
         # what adaptive drafting learns about the pair, kept across requests (anydraft/planning/),
         # from the target's cost curve where this machine measured it (hardware/profile.py)
         profile = cached_curve(target, self.target) if isinstance(target, str) else None
+        if self.drafter is not None and self.draft.method == "auto" and self.draft.adaptive:
+            self.drafter = _useful(self.drafter, drafter, profile, progress)
+        self.table = token_table(self.target.tokenizer)
+        self.eos_ids = _eos_ids(self.target)
         self.estimates = Estimates(Costs(profile=profile or {}))
         self._method_factory = methods.factory(self)
 

@@ -111,7 +111,7 @@ def settings_from_args(args):
         if b not in BASELINES:
             raise AnydraftError(f"unknown --baseline {b!r}: choose from {', '.join(BASELINES)}")
     if set(baselines) & set(SERVERS) and not sampling.greedy:
-        raise AnydraftError(f"--baseline {' and '.join(set(baselines) & set(SERVERS))} compares greedy decoding (its output must "
+        raise AnydraftError(f"--baseline {' and '.join(b for b in SERVERS if b in baselines)} compares greedy decoding (its output must "
                             "equal plain decoding's): drop --temperature, or set it to 0")
     if "hf" in baselines and not args.drafter:
         raise AnydraftError("--baseline hf needs a drafter: pass --drafter MODEL")

@@ -52,6 +52,17 @@ def terms(k: int, costs: Costs, acc: Acceptance | None, *, free: bool = False, b
     return Terms(expected, k * draft, acc.overhead.value, read, pending + m)
 
 
+def drafting_pays(curve: dict[int, float], draft_step: float, acceptance: float) -> bool:
+    """Whether some draft of k tokens, each accepted with probability ``acceptance``, would
+    commit tokens faster than plain decoding on the target's measured ``curve`` (seconds to
+    score M tokens in one call) with a drafter pass of ``draft_step`` seconds:
+    ``E(k) / (k d + T(k + 1)) > 1 / T(1)`` for a size k + 1 the curve holds, with E(k) the
+    expected tokens of Leviathan et al. (ICML 2023, eq. 1)."""
+    a = acceptance
+    return any((1 - a ** m) / (1 - a) / (draft_step * (m - 1) + seconds) > 1 / curve[1]
+               for m, seconds in curve.items() if m > 1)
+
+
 def rate(total: Terms | list[float], curve, together: float = 0.0) -> float:
     """Expected committed tokens per second of a call whose rows' terms add up to ``total``
     (``curve``: the fitted T(n); ``together``: drafter seconds of rows drafting in one

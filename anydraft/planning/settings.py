@@ -68,6 +68,11 @@ class Settings:
     # (docs/benchmarks-history.md, serve-min-read)
     min_prefill: int = 16
 
+    # `auto` loads no drafter where even this acceptance per token could not make any draft pay on
+    # the measured cost curves (`cost.drafting_pays`): the best seen on held-out code on a CPU was
+    # 0.71-0.89 per token (Qwen2.5-1.5B <- SmolLM2), so a drafter that could ever pay is kept
+    hopeful_acceptance: float = 0.9
+
     # -- settings a request or a server starts from --------------------------------------------
     # the most backlog tokens (the prompt, at first) the drafter reads before drafting
     # (`DraftConfig.drafter_context`): a long prompt read whole kept a slow-reading drafter idle,

@@ -618,3 +618,20 @@ def test_rows_of_a_call_keep_their_output_under_any_allocation(toys, method, mon
     assert any(cuts)  # rows chose drafts, and the allocation cut them at random
     for d, p in zip(drafted, plain, strict=True):
         assert d[:len(p)] == p  # (a drafting step may commit tokens after an EOS)
+
+
+def test_drafting_pays_only_where_a_draft_could_beat_a_plain_step():
+    """`auto` keeps a drafter where some draft could pay at a high acceptance (decoder.py
+    `_useful`): the curves of issue 59 (Zen 3, 2 cores, Qwen2.5-1.5B, in one-token steps) with
+    SmolLM2 as drafter (c = 0.16)."""
+    from anydraft.planning.cost import drafting_pays
+
+    ik = {1: 1.0, 2: 1.10, 3: 1.24, 4: 1.41, 5: 1.57}
+    llama = {1: 1.0, 2: 1.77, 3: 2.37, 4: 3.08, 5: 3.39}
+    linear = {m: float(m) for m in range(1, 10)}  # M tokens cost M steps
+    assert drafting_pays(ik, 0.16, 0.9) and drafting_pays(ik, 0.16, 0.5)
+    assert drafting_pays(llama, 0.16, 0.9)  # 3 tokens for 2.37 steps: 2.71 tokens for 2.69
+    assert not drafting_pays(llama, 0.16, 0.5)
+    assert not drafting_pays(linear, 0.16, 0.9)  # nothing pays where verification is linear
+    assert drafting_pays(linear, 0.0, 0.9) is False  # even a free drafter: E(k) < k + 1
+    assert not drafting_pays(ik, 1.2, 0.9)  # a drafter slower than the target
