@@ -138,11 +138,17 @@ ONEDNN = {1: 0.30, 5: 0.45, 9: 0.50}  # float32 on oneDNN: slower plain step, fl
 STEEP_LLAMA = {1: 0.12, 5: 0.55, 9: 1.0, 17: 1.9, 33: 3.7}
 
 
+def prefers(role, curve, other, rows=1, other_path="float32"):
+    """Whether `auto` runs a model in ``role`` on llama.cpp (``curve``) rather than on the
+    torch path ``other_path`` (``other``)."""
+    return profile.best_for(role, {other_path: other, "llamacpp": curve}, rows) == "llamacpp"
+
+
 def test_llamacpp_wins_a_target_by_rate_and_a_drafter_by_its_one_token_step():
-    assert profile.prefer_llamacpp("target", LLAMA, ONEDNN)
-    assert not profile.prefer_llamacpp("target", LLAMA, {1: 0.05, 5: 0.06, 9: 0.07})
-    assert profile.prefer_llamacpp("drafter", {1: 0.012, 9: 0.06}, {1: 0.03, 9: 0.04})
-    assert not profile.prefer_llamacpp("drafter", {1: 0.05, 9: 0.06}, {1: 0.03, 9: 0.2})
+    assert prefers("target", LLAMA, ONEDNN)
+    assert not prefers("target", LLAMA, {1: 0.05, 5: 0.06, 9: 0.07})
+    assert prefers("drafter", {1: 0.012, 9: 0.06}, {1: 0.03, 9: 0.04})
+    assert not prefers("drafter", {1: 0.05, 9: 0.06}, {1: 0.03, 9: 0.2})
 
 
 # Qwen2.5-Coder-1.5B on an Intel Xeon with AMX, 2 cores (2026-12-03): llama.cpp runs one
@@ -165,13 +171,13 @@ def test_a_server_batches_the_requests_there_are_up_to_the_most_throughput():
 
 def test_a_server_target_keeps_closest_to_the_best_path_at_every_load():
     # one request: llama.cpp 17 tokens/s, PyTorch 7 (0.40x); 16: PyTorch 94, llama.cpp 53 (0.56x)
-    assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16)  # one sequence: llama.cpp
-    assert profile.prefer_llamacpp("target", AMX_LLAMA, AMX_BF16, rows=16)  # a server: also
+    assert prefers("target", AMX_LLAMA, AMX_BF16)  # one sequence: llama.cpp
+    assert prefers("target", AMX_LLAMA, AMX_BF16, rows=16)  # a server: also
     flat_fast = {1: 0.08, 2: 0.08, 5: 0.085, 9: 0.09, 17: 0.1, 33: 0.2}  # 0.73x at one, 3.4x at 16
-    assert not profile.prefer_llamacpp("target", AMX_LLAMA, flat_fast, rows=16)
+    assert not prefers("target", AMX_LLAMA, flat_fast, rows=16)
     # a compiled torch path scores one row a call: it loses the loaded end
-    assert profile.prefer_llamacpp("target", AMX_LLAMA, flat_fast, rows=16, torch_path="bfloat16+compile")
-    assert profile.prefer_llamacpp("drafter", AMX_LLAMA, AMX_BF16, rows=16)  # rows: targets only
+    assert prefers("target", AMX_LLAMA, flat_fast, rows=16, other_path="bfloat16+compile")
+    assert prefers("drafter", AMX_LLAMA, AMX_BF16, rows=16)  # rows: targets only
     steep_fast = {1: 0.05, 2: 0.095, 5: 0.225, 9: 0.40, 17: 0.75, 33: 1.45}
     curves = {"float32": steep_fast, "bfloat16": AMX_BF16}
     assert profile.fastest(curves) == "float32"  # one sequence: the best rate
@@ -185,13 +191,28 @@ def test_a_server_target_keeps_closest_to_the_best_path_at_every_load():
                                                (STEEP_LLAMA, 1, "llamacpp"), (STEEP_LLAMA, 16, "torch")])
 def test_auto_backend_follows_the_measured_curves(llama, rows, want, monkeypatch):
     found = {"float32+onednn": AMX_BF16 if llama is AMX_LLAMA else ONEDNN, "gguf": llama}
-    monkeypatch.setattr(profile, "llamacpp_runs", lambda spec: True)
+    monkeypatch.setattr(profile, "gguf_engines", lambda spec: ("llamacpp",))
     monkeypatch.setattr(profile, "candidates", lambda device: ("float32+onednn",))
     monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: dtype)
     monkeypatch.setattr(profile, "cached", lambda key: found[key])
     backend, dtype, model = profile.choose_backend("any.gguf", "target", rows=rows)
     assert (backend, model) == (want, None)
     assert dtype == ("" if want == "llamacpp" else "float32+onednn")
+
+
+@pytest.mark.parametrize("role, rows, want", [("target", 1, "ik"), ("drafter", 1, "ik"), ("target", 16, "ik")])
+def test_auto_backend_weighs_every_installed_engine(role, rows, want, monkeypatch):
+    """ik_llama.cpp's flat curve (issue 59, Zen 3, in seconds of a 70 ms step) beside
+    llama.cpp's steep one and torch: every engine's curve is measured and the best taken."""
+    ik = {1: 0.065, 2: 0.071, 3: 0.080, 5: 0.098, 9: 0.18}
+    found = {"torch": ONEDNN, "llamacpp": {1: 0.07, 2: 0.116, 3: 0.152, 5: 0.215, 9: 0.44}, "ik": ik}
+    monkeypatch.setattr(profile, "gguf_engines", lambda spec: ("llamacpp", "ik"))
+    monkeypatch.setattr(profile, "candidates", lambda device: ("float32+onednn",))
+    monkeypatch.setattr(profile, "model_key", lambda spec, backend, dtype, device: backend)
+    monkeypatch.setattr(profile, "cached", lambda key: found[key])
+    assert profile.choose_backend("any.gguf", role, rows=rows) == (want, "", None)
+    found["ik"] = {m: 2 * t for m, t in ik.items()}  # twice as slow: llama.cpp runs one sequence
+    assert profile.choose_backend("any.gguf", "target")[0] == "llamacpp"
 
 
 def test_a_model_llamacpp_cannot_run_stays_on_torch_unmeasured(tmp_path, monkeypatch):

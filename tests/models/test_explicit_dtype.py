@@ -36,7 +36,7 @@ def test_a_dtype_beside_llamacpp_is_an_error_naming_both_and_the_fix():
 def llamacpp_measured_faster(monkeypatch):
     """Every model "runs on llama.cpp" and measures faster there than on torch: what `auto`
     found for smollm2-135m, whose float32 asked for then never happened."""
-    monkeypatch.setattr(profile, "llamacpp_runs", lambda spec: True)
+    monkeypatch.setattr(profile, "gguf_engines", lambda spec: ("llamacpp",))
     monkeypatch.setattr(profile, "curves", lambda spec, backend, paths, *a, **k: (
         {p: LLAMA if p == "gguf" else TORCH for p in paths}, None))
 
