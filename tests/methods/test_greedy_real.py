@@ -42,6 +42,7 @@ PROMPTS = {
 PAIRS = [  # target, drafter, drafter backend, methods
     ("qwen2.5-coder-0.5b", "smollm2-135m", "torch", ["slem", "tli", "lookup"]),  # greedy slrs is slem
     ("qwen2.5-coder-0.5b", "smollm2-135m", "llamacpp", ["slem", "tli"]),
+    ("qwen2.5-coder-0.5b", "smollm2-135m", "ik", ["slem"]),
     ("smollm2-135m", "gemma3-270m", "torch", ["slem", "tli"]),
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "torch", ["sd"]),
 ]
@@ -61,16 +62,17 @@ def plain(dec, target, prompt):
 
 
 def drafter_model(real_model, name, backend, device):
-    """bfloat16 in PyTorch (on ``device``), or the GGUF as it is in llama.cpp (on the CPU):
-    the drafter's numerics must never change the output."""
+    """bfloat16 in PyTorch (on ``device``), or the GGUF as it is in llama.cpp or ik_llama.cpp
+    (on the CPU): the drafter's numerics must never change the output."""
     if backend == "torch":
         return real_model(name, "bfloat16", device)
+    from anydraft.models.engines import ENGINES
     from anydraft.models.llamacpp import LlamaCppModel
     from anydraft.models.loading import resolve
     from tests.conftest import require_llamacpp
 
-    require_llamacpp()
-    return LlamaCppModel.load(resolve(name))
+    require_llamacpp(backend)
+    return LlamaCppModel.load(resolve(name), engine=ENGINES[backend])
 
 
 @pytest.mark.real

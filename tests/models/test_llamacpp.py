@@ -328,3 +328,28 @@ def test_recurrent_and_hybrid_models_are_refused_at_load(kind, monkeypatch):
     monkeypatch.setattr(llama_cpp, kind, lambda model: True)
     with pytest.raises(AnydraftError, match="recurrent or hybrid model.*attention-only"):
         LlamaCppModel.load(resolve("smollm2-135m"))
+
+
+def test_architecture_is_read_from_the_gguf_header(tmp_path):
+    """models/engines.py `architecture` skips the key-value pairs before it, of every kind."""
+    import struct
+
+    from anydraft.models.engines import architecture
+
+    def text(s):
+        return struct.pack("<Q", len(s)) + s.encode()
+
+    kvs = [text("a.count") + struct.pack("<II", 4, 7),
+           text("a.name") + struct.pack("<I", 8) + text("x"),
+           text("a.list") + struct.pack("<IIQ", 9, 8, 2) + text("p") + text("qr"),
+           text("a.floats") + struct.pack("<IIQ", 9, 6, 2) + struct.pack("<ff", 1, 2),
+           text("general.architecture") + struct.pack("<I", 8) + text("qwen2")]
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
+    assert architecture(str(path)) == "qwen2"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kvs[0])
+    with pytest.raises(AnydraftError, match="names no general.architecture"):
+        architecture(str(path))
+    path.write_bytes(b"NOPE")
+    with pytest.raises(AnydraftError, match="is not a GGUF file"):
+        architecture(str(path))
