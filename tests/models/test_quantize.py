@@ -50,18 +50,22 @@ def report(curves: dict, auto: str) -> dict:
                        for p in curves if p.startswith(doctor.LLAMACPP_COPY)}}
 
 
+SHIPPED = "llama.cpp (GGUF as shipped)"  # doctor's name of llama.cpp's path (doctor.gguf_path)
+
+
 def test_doctor_recommends_a_copy_only_when_it_beats_what_auto_runs():
+    assert doctor.gguf_path("llamacpp") == SHIPPED
     q4, q8 = f"{doctor.LLAMACPP_COPY} Q4_0", f"{doctor.LLAMACPP_COPY} Q8_0"
-    slower = report({doctor.LLAMACPP: {1: 50, 9: 300}, q4: {1: 60, 9: 320}}, doctor.LLAMACPP)
+    slower = report({SHIPPED: {1: 50, 9: 300}, q4: {1: 60, 9: 320}}, SHIPPED)
     assert doctor.advice("m", slower, "target").startswith("no quantized copy of m would beat")
-    faster = report({doctor.LLAMACPP: {1: 50, 9: 300}, q4: {1: 60, 9: 320}, q8: {1: 40, 9: 250}},
-                    doctor.LLAMACPP)
+    faster = report({SHIPPED: {1: 50, 9: 300}, q4: {1: 60, 9: 320}, q8: {1: 40, 9: 250}},
+                    SHIPPED)
     line = doctor.advice("m", faster, "target")
     assert "Q8_0 copy of m would run as the target" in line and "--target /cache/Q8_0.gguf" in line
     assert "plain decoding of the copy" in line
     # a drafter by its one-token step: the cheaper first step wins, whatever the curve's slope
-    drafter = report({doctor.LLAMACPP: {1: 10, 9: 60}, q4: {1: 6, 9: 90}, q8: {1: 8, 9: 40}},
-                     doctor.LLAMACPP)
+    drafter = report({SHIPPED: {1: 10, 9: 60}, q4: {1: 6, 9: 90}, q8: {1: 8, 9: 40}},
+                     SHIPPED)
     line = doctor.advice("d", drafter, "drafter")
     assert "Q4_0 copy of d would run as the drafter at 6.0 ms" in line and "--drafter /cache/Q4_0.gguf" in line
     assert "output stays exactly the target's" in line
