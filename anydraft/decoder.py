@@ -39,21 +39,22 @@ def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
     return frozenset(set(token_table(loaded.tokenizer).eos_ids) | loaded.model_eos_ids)
 
 
-def _useful(loaded: LoadedModel, spec, target_curve: dict | None, progress) -> LoadedModel | None:
-    """The drafter of ``auto``, or None where the measured curves say no draft of it could pay
-    even at a high acceptance (`drafting_pays`): plain decoding and prompt-lookup copies, which
-    cost no drafter work, are then all `auto` does (never slower than plain decoding)."""
+def _drafting_pays(loaded: LoadedModel, spec, target_curve: dict | None, progress) -> bool:
+    """Whether ``auto`` drafts with the drafter: not where the measured curves say no draft of it
+    could pay even at a high acceptance (`drafting_pays`). Plain decoding and prompt-lookup
+    copies, which cost no drafter work, are then all `auto` does: never slower than plain
+    decoding, and no drafter session is started."""
     curve = cached_curve(spec, loaded) if isinstance(spec, str) else None
     if not target_curve or not curve:
-        return loaded  # not measured here: the policy finds out
+        return True  # not measured here: the policy finds out
     a = SETTINGS.hopeful_acceptance
     if drafting_pays(target_curve, curve[1], a):
-        return loaded
+        return True
     if progress:
         progress(f"auto: no draft of {loaded.name} ({loaded.path}, {curve[1] * 1e3:.1f} ms a pass) "
                  f"could pay on this target's measured curve even at acceptance {a}: decoding "
                  "plainly, with prompt-lookup copies (`--method` another method to draft anyway)")
-    return None
+    return False
 
 
 class Decoder:
@@ -137,8 +138,9 @@ class Decoder:
         # what adaptive drafting learns about the pair, kept across requests (anydraft/planning/),
         # from the target's cost curve where this machine measured it (hardware/profile.py)
         profile = cached_curve(target, self.target) if isinstance(target, str) else None
-        if self.drafter is not None and self.draft.method == "auto" and self.draft.adaptive:
-            self.drafter = _useful(self.drafter, drafter, profile, progress)
+        #: whether ``auto`` drafts with the drafter (`_drafting_pays`); a method named runs it anyway
+        self.auto_drafts = self.drafter is not None and (
+            not self.draft.adaptive or _drafting_pays(self.drafter, drafter, profile, progress))
         self.table = token_table(self.target.tokenizer)
         self.eos_ids = _eos_ids(self.target)
         self.estimates = Estimates(Costs(profile=profile or {}))

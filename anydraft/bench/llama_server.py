@@ -51,6 +51,9 @@ class Flavor:
     prepare: Callable[[Path], None] | None = None  # fixes the tree needs before cmake
     # the server's own flags beyond model, threads, context, slots and address: as users run it
     flags: tuple[str, ...] = ()
+    # what is built (cmake targets) and kept (files of build/bin copied into the cache)
+    targets: tuple[str, ...] = ("llama-server",)
+    products: tuple[str, ...] = ("llama-server",)
 
 
 def _prepare_ik(source: Path) -> None:
@@ -74,17 +77,21 @@ def _prepare_ik(source: Path) -> None:
 # prompt cache on, bench-serve's measured level found the warm-up's prompts still in the slots
 # (TTFT 0.7 s against anydraft's 12 s at 8 clients on the Zen 5)
 LLAMA_SERVER = Flavor("llama-server", "llama-server", "llama-cpp-python", "vendor/llama.cpp",
-                      "ANYDRAFT_LLAMA_SERVER", ("-DLLAMA_BUILD_EXAMPLES=OFF",),
+                      "ANYDRAFT_LLAMA_SERVER", ("-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"),
                       flags=("--no-cache-prompt", "--no-webui"))
 # ik_llama.cpp's own server (models/engines.py): built for this CPU (its AVX-512 kernels where it
-# has them), as its users build it, with the flash-attention kernels of the common KV types only
+# has them), as its users build it, with the flash-attention kernels of the common KV types only;
+# with llama-bench, and its libraries shared (found beside the binaries: $ORIGIN), so that the
+# ik backend can load this CPU's build instead of the wheel's AVX2 one (models/engines.py)
 IK_SERVER = Flavor("ik-llama-server", "ik_llama.cpp's llama-server", "ik-llama-cpp-python",
                    "vendor/ik_llama.cpp", "ANYDRAFT_IK_LLAMA_SERVER",
-                   ("-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
+                   ("-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF",
+                    "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH=$ORIGIN"),
                    _prepare_ik,
                    # run-time repack (as anydraft's ik backend loads): one token as fast as llama.cpp's;
                    # it has no flag for the prompt cache, which each request turns off
-                   flags=("-rtr",))
+                   flags=("-rtr",), targets=("llama-server", "llama-bench"),
+                   products=("libggml.so", "libllama.so", "llama-bench", "llama-server"))
 FLAVORS = {flavor.name: flavor for flavor in (LLAMA_SERVER, IK_SERVER)}
 
 
@@ -154,17 +161,16 @@ def build(progress=print, flavor: Flavor = LLAMA_SERVER) -> str:
             flavor.prepare(source)
         build_dir = source / "build"
         _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-              "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-              "-DLLAMA_BUILD_TESTS=OFF", *flavor.options, *CMAKE_FLAGS],
+              f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={build_dir / 'bin'}", "-DLLAMA_CURL=OFF",
+              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", *flavor.options, *CMAKE_FLAGS],
              f"cmake could not configure {flavor.label}", flavor)
-        targets = ["llama-server"] + (["llama-bench"] if flavor is IK_SERVER else [])
-        _run(["cmake", "--build", str(build_dir), "--target", *targets, "-j", jobs],
+        _run(["cmake", "--build", str(build_dir), "--target", *flavor.targets, "-j", jobs],
              f"{flavor.label} did not compile", flavor)
         out.parent.mkdir(parents=True, exist_ok=True)
-        for target in targets:
-            partial = out.with_name(f".{target}.{os.getpid()}.partial")
-            shutil.copy2(build_dir / "bin" / target, partial)
-            os.replace(partial, out.with_name(target))
+        for product in flavor.products:  # the server last: its presence says the build is whole
+            partial = out.with_name(f".{product}.{os.getpid()}.partial")
+            shutil.copy2(build_dir / "bin" / product, partial)
+            os.replace(partial, out.with_name(product))
     progress(f"built {out} in {time.perf_counter() - start:.0f} s")
     return str(out)
 

@@ -48,7 +48,7 @@ def factory(decoder):
     def make(name: str, params, budget: int = 128):
         if name == "auto":
             # adaptive: the copy proposer joins (and alone, falls back to plain steps itself)
-            name = choose_auto(pairing, params.greedy, budget)
+            name = choose_auto(pairing if decoder.auto_drafts else None, params.greedy, budget)
             if draft.adaptive:
                 inner = None if name == "ar" else make(name, params)
                 return PromptLookup(draft.num_draft_tokens, True, inner, estimates)
