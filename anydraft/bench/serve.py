@@ -69,6 +69,9 @@ def register(sub) -> None:
                         "--concurrency (continuous batching), the threads and per-request context "
                         "of anydraft's llama.cpp backend; found or built as for `bench --baseline "
                         "llama-server`")
+    b.add_argument("--ik-llama-server", action="store_true",
+                   help="add configuration `ik-llama-server` first: ik_llama.cpp's own server, "
+                        "likewise (built once from the ik-llama-cpp-python sources)")
     b.add_argument("--baseline", default=None,
                    help="the configuration throughput ratios divide by (default: the first)")
     b.add_argument("--concurrency", default="1,2,4,8",
@@ -156,11 +159,13 @@ def plain_ar(args: tuple[str, ...]) -> bool:
 
 
 LLAMA_SERVER = "llama-server"  # the label of `--llama-server`'s configuration
+# the plain servers' configurations: label -> the option that adds it
+PLAIN_SERVERS = {LLAMA_SERVER: "llama_server", "ik-llama-server": "ik_llama_server"}
 
 
 def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list[str]:
-    if config.label == LLAMA_SERVER and args.llama_server:
-        return llama_server_command(args, port)
+    if config.label in PLAIN_SERVERS and getattr(args, PLAIN_SERVERS[config.label], False):
+        return llama_server_command(args, port, config.label)
     cmd = [sys.executable, "-m", "anydraft", "serve", "--target", args.target]
     if args.drafter and not plain_ar(config.args):
         cmd += ["--drafter", args.drafter]
@@ -174,9 +179,10 @@ def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list
     return cmd + list(config.args)  # last: a configuration may override any of the above
 
 
-def llama_server_command(args, port: int) -> list[str]:
-    """llama-server for ``--llama-server``: the target's GGUF, a slot per client of the highest
-    level, each with the context window of one anydraft llama.cpp session."""
+def llama_server_command(args, port: int, label: str = LLAMA_SERVER) -> list[str]:
+    """The plain server ``label`` (`PLAIN_SERVERS`: llama.cpp's or ik_llama.cpp's) for
+    ``--llama-server`` / ``--ik-llama-server``: the target's GGUF, a slot per client of the
+    highest level, each with the context window of one anydraft llama.cpp session."""
     from ..errors import AnydraftError
     from ..models.llamacpp import _threads, requested_context
     from ..models.loading import resolve
@@ -184,10 +190,12 @@ def llama_server_command(args, port: int) -> list[str]:
 
     source = resolve(args.target)
     if source.gguf_file is None:
-        raise AnydraftError(f"--llama-server needs a GGUF target ({args.target!r} is not one)")
+        raise AnydraftError(f"--{label} needs a GGUF target ({args.target!r} is not one)")
+    flavor = llama_server.FLAVORS[label]
     server = llama_server.LlamaServer(str(Path(source.path) / source.gguf_file), _threads(),
                                       requested_context(), parallel=max(parse_concurrency(args.concurrency)),
-                                      binary=llama_server.find_or_build(), port=port)
+                                      binary=llama_server.find_or_build(flavor=flavor), port=port,
+                                      flavor=flavor)
     return server.command
 
 
@@ -696,11 +704,11 @@ def cmd_bench_serve(args) -> int:
     refuse_realtime()
     configs = (parse_configs(args.configs) if args.configs
                else default_configs(args.max_batch or max(levels_c)))
-    if args.llama_server:
-        if LLAMA_SERVER in {c.label for c in configs}:
-            raise AnydraftError(f"--llama-server adds configuration {LLAMA_SERVER!r}: give yours "
-                                "another label")
-        configs.insert(0, ServeConfig(LLAMA_SERVER, ()))
+    for label, option in reversed(PLAIN_SERVERS.items()):  # llama-server first, the default baseline
+        if getattr(args, option, False):
+            if label in {c.label for c in configs}:
+                raise AnydraftError(f"--{label} adds configuration {label!r}: give yours another label")
+            configs.insert(0, ServeConfig(label, ()))
     baseline = args.baseline or configs[0].label
     if baseline not in {c.label for c in configs}:
         raise AnydraftError(f"--baseline {baseline!r} is none of the configurations: "
