@@ -51,9 +51,9 @@ class Flavor:
     prepare: Callable[[Path], None] | None = None  # fixes the tree needs before cmake
     # the server's own flags beyond model, threads, context, slots and address: as users run it
     flags: tuple[str, ...] = ()
-    # what is built (cmake targets) and kept (files of build/bin copied into the cache)
+    # what is built (cmake targets) and kept (they and, built shared, every library of build/bin
+    # are copied into the cache)
     targets: tuple[str, ...] = ("llama-server",)
-    products: tuple[str, ...] = ("llama-server",)
 
 
 def _prepare_ik(source: Path) -> None:
@@ -90,8 +90,7 @@ IK_SERVER = Flavor("ik-llama-server", "ik_llama.cpp's llama-server", "ik-llama-c
                    _prepare_ik,
                    # run-time repack (as anydraft's ik backend loads): one token as fast as llama.cpp's;
                    # it has no flag for the prompt cache, which each request turns off
-                   flags=("-rtr",), targets=("llama-server", "llama-bench"),
-                   products=("libggml.so", "libllama.so", "llama-bench", "llama-server"))
+                   flags=("-rtr",), targets=("llama-bench", "llama-server"))
 FLAVORS = {flavor.name: flavor for flavor in (LLAMA_SERVER, IK_SERVER)}
 
 
@@ -167,10 +166,11 @@ def build(progress=print, flavor: Flavor = LLAMA_SERVER) -> str:
         _run(["cmake", "--build", str(build_dir), "--target", *flavor.targets, "-j", jobs],
              f"{flavor.label} did not compile", flavor)
         out.parent.mkdir(parents=True, exist_ok=True)
-        for product in flavor.products:  # the server last: its presence says the build is whole
-            partial = out.with_name(f".{product}.{os.getpid()}.partial")
-            shutil.copy2(build_dir / "bin" / product, partial)
-            os.replace(partial, out.with_name(product))
+        # the libraries first, the server last: its presence says the build is whole
+        for product in [*sorted((build_dir / "bin").glob("lib*.so")), *(build_dir / "bin" / t for t in flavor.targets)]:
+            partial = out.with_name(f".{product.name}.{os.getpid()}.partial")
+            shutil.copy2(product, partial)
+            os.replace(partial, out.with_name(product.name))
     progress(f"built {out} in {time.perf_counter() - start:.0f} s")
     return str(out)
 

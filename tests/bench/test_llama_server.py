@@ -159,3 +159,25 @@ def test_bench_serve_adds_llama_server_with_a_slot_per_client(fake, capsys):
     assert main(["bench-serve", "--target", "smollm2-135m", "--llama-server",
                  "--configs", "llama-server=--method ar"]) == 2
     assert "give yours another label" in capsys.readouterr().err
+
+
+def test_ik_llama_cpp_tree_is_prepared_to_configure(tmp_path):
+    """The ik-llama-cpp-python sdist's tree lacks its build-info script and folders its examples
+    name: `_prepare_ik` writes a script that fills build-info.cpp from its template without git,
+    and keeps only the server, its multimodal library and llama-bench."""
+    import shutil
+    import subprocess
+
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not installed")
+    (tmp_path / "common").mkdir()
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "common" / "build-info.cpp.in").write_text(
+        'int LLAMA_BUILD_NUMBER = @BUILD_NUMBER@;\nchar const *LLAMA_COMMIT = "@BUILD_COMMIT@";\n')
+    (tmp_path / "examples" / "CMakeLists.txt").write_text("add_subdirectory(missing)\n")
+    llama_server._prepare_ik(tmp_path)
+    subprocess.run(["cmake", "-P", "common/cmake/build-info-gen-cpp.cmake"], cwd=tmp_path, check=True)
+    assert (tmp_path / "common" / "build-info.cpp").read_text().startswith("int LLAMA_BUILD_NUMBER = 0;")
+    examples = (tmp_path / "examples" / "CMakeLists.txt").read_text()
+    assert "missing" not in examples and "add_subdirectory(server)" in examples
+    assert llama_server.IK_SERVER.targets[-1] == "llama-server"  # copied last: the build is whole
