@@ -6,7 +6,7 @@ DEMO_MODELS := qwen2.5-coder-1.5b smollm2-135m
 ALL_MODELS := smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 LLAMA_BUILD := CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8"
 
-.PHONY: demo test install browser lint clean-venv
+.PHONY: demo test install install-demo browser lint clean-venv
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "anydraft needs Python 3.11 ($(PY) not found): set PY=/path/to/python3.11"; exit 1; }
@@ -25,7 +25,13 @@ install: $(BIN)/python
 		|| $(LLAMA_BUILD) $(BIN)/pip install --quiet --no-cache-dir --no-deps --force-reinstall \
 		llama-cpp-python==$$($(BIN)/python -c "import llama_cpp; print(llama_cpp.__version__)")
 
-demo: install
+# the demo's GGUF models run on ik_llama.cpp's prebuilt wheel (or PyTorch): nothing to compile;
+# where `make test` installed llama.cpp too, `auto` measures it as well
+install-demo: $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[ik]'
+
+demo: install-demo
 	$(BIN)/anydraft models install $(DEMO_MODELS)
 	$(BIN)/anydraft demo --target qwen2.5-coder-1.5b --drafter smollm2-135m
 
