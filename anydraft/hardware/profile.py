@@ -300,8 +300,9 @@ def choose_dtype(spec: str, device: str = "cpu", progress=None, rows: int = 1, l
 
 def gguf_engines(spec: str) -> tuple[str, ...]:
     """The llama.cpp-family backends (models/engines.py) that can run ``spec`` here: a GGUF
-    model, and each engine whose package is installed and that scores its architecture right. They run on the CPU, also beside torch
-    models on CUDA: measured, one may still be the faster drafter there."""
+    model, and each engine whose package is installed and that scores its architecture right.
+    They run on the CPU, also beside torch models on CUDA: measured, one may still be the
+    faster drafter there."""
     from ..models.engines import ENGINES
 
     source = resolve(spec)
