@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AnydraftError
+from ..models.engines import IK_BUILD
 from ..models.hugepages import as_users_run, state
 from .processes import free_port, stop_process
 
@@ -83,7 +84,7 @@ LLAMA_SERVER = Flavor("llama-server", "llama-server", "llama-cpp-python", "vendo
 # has them), as its users build it, with the flash-attention kernels of the common KV types only;
 # with llama-bench, and its libraries shared (found beside the binaries: $ORIGIN), so that the
 # ik backend can load this CPU's build instead of the wheel's AVX2 one (models/engines.py)
-IK_SERVER = Flavor("ik-llama-server", "ik_llama.cpp's llama-server", "ik-llama-cpp-python",
+IK_SERVER = Flavor(IK_BUILD, "ik_llama.cpp's llama-server", "ik-llama-cpp-python",
                    "vendor/ik_llama.cpp", "ANYDRAFT_IK_LLAMA_SERVER",
                    ("-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF",
                     "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH=$ORIGIN"),

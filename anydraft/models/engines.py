@@ -16,8 +16,10 @@ each C function it calls itself (`IK_SIGNATURES`) and takes from the package onl
 library and the layouts of three structures, which must match that library. The calls whose
 names or arguments differ from llama-cpp-python's are presented under llama-cpp-python's names
 (`IK_AS_LLAMACPP`, `_IkApi`), so llamacpp.py calls one API whichever engine runs.
-``$IK_LLAMA_CPP_LIB_PATH`` loads another build of ``libllama.so`` (the package's loader reads it),
-e.g. one compiled from the package's sources for this CPU's AVX-512 (docs/hardware.md).
+Which ``libllama.so`` runs (`ik_library`): ``$IK_LLAMA_CPP_LIB_PATH`` where set (the package's
+loader reads it), else the build for this CPU that ``bench --baseline ik-llama-server`` leaves in
+the cache beside ik_llama.cpp's server where there is one (on an AMD Zen 4: 4% faster a token,
+prompts read 15-25% faster; docs/hardware.md), else the wheel's own.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ class Engine:
     install: str  # the fix when it is missing
     log_error: int  # ggml's GGML_LOG_LEVEL_ERROR in this engine's ggml.h (the only level kept)
 
+    def library(self) -> str:
+        """For people: which build of the engine runs (`ik_library`)."""
+        if self is not IK:
+            return "llama-cpp-python's"
+        return ik_library() or "the wheel's"
+
     def installed(self) -> bool:
         return importlib.util.find_spec(self.module) is not None
 
@@ -87,6 +95,10 @@ IK = Engine("ik", "ik_llama.cpp", "ik_llama_cpp",
             "ik-llama-cpp-python: pip install 'anydraft[ik]' (a prebuilt wheel)", log_error=4)
 ENGINES = {engine.name: engine for engine in (LLAMACPP, IK)}
 BACKENDS = ("torch", *ENGINES)  # every backend a model can run on (models/backends.py)
+
+# where `bench --baseline ik-llama-server` builds ik_llama.cpp for this CPU (bench/llama_server.py),
+# its shared libraries beside the server, one folder per ik-llama-cpp-python version
+IK_BUILD = "ik-llama-server"
 
 _APIS: dict[str, object] = {}
 _LOGGERS: list = []  # the log callbacks handed to C, kept alive
@@ -158,6 +170,26 @@ def _ik_signatures(s) -> dict[str, tuple]:
     }
 
 
+def ik_library() -> str | None:
+    """The ``libllama.so`` the ik engine loads instead of the wheel's: ``$IK_LLAMA_CPP_LIB_PATH``,
+    else the build for this CPU in the cache where one is whole (its server, copied last, is
+    there); None: the wheel's."""
+    import os
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .catalog import cache_dir
+
+    given = os.environ.get("IK_LLAMA_CPP_LIB_PATH")
+    if given:
+        return given
+    try:
+        folder = cache_dir() / IK_BUILD / version("ik-llama-cpp-python")
+    except PackageNotFoundError:
+        return None
+    built = (folder / "llama-server").is_file() and (folder / "libllama.so").is_file()
+    return str(folder / "libllama.so") if built else None
+
+
 class _IkApi:
     """ik_llama.cpp's shared library with the functions of `_ik_signatures` declared, under
     llama-cpp-python's names (`IK_AS_LLAMACPP`, and the methods below for the calls whose
@@ -166,7 +198,12 @@ class _IkApi:
     llama_token = ctypes.c_int32
 
     def __init__(self):
-        from ik_llama_cpp import _ctypes_api as structs  # loads the library (IK_LLAMA_CPP_LIB_PATH)
+        import os
+
+        library = ik_library()
+        if library:  # the package's loader reads it at import
+            os.environ["IK_LLAMA_CPP_LIB_PATH"] = library
+        from ik_llama_cpp import _ctypes_api as structs
 
         lib = structs._lib
         for name, (restype, argtypes) in _ik_signatures(structs).items():

@@ -101,7 +101,7 @@ class LlamaCppModel:
         start = time.perf_counter()
         model = cls(source.name, os.path.join(source.path, source.gguf_file), engine=engine)
         if progress:
-            progress(f"loaded {source.name} ({engine.label}, {source.gguf_file}) in "
+            progress(f"loaded {source.name} ({engine.label}, {source.gguf_file}; library: {engine.library()}) in "
                      f"{time.perf_counter() - start:.1f} s")
         return model
 

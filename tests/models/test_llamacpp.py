@@ -353,3 +353,24 @@ def test_architecture_is_read_from_the_gguf_header(tmp_path):
     path.write_bytes(b"NOPE")
     with pytest.raises(AnydraftError, match="is not a GGUF file"):
         architecture(str(path))
+
+
+def test_ik_loads_the_build_for_this_cpu_where_the_cache_holds_a_whole_one(tmp_path, monkeypatch):
+    """models/engines.py `ik_library`: $IK_LLAMA_CPP_LIB_PATH, else the build `bench --baseline
+    ik-llama-server` left (only once its server, copied last, is there), else the wheel's."""
+    require_llamacpp("ik")
+    from importlib.metadata import version
+
+    from anydraft.models.engines import IK_BUILD, ik_library
+
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))
+    monkeypatch.delenv("IK_LLAMA_CPP_LIB_PATH", raising=False)
+    assert ik_library() is None
+    folder = tmp_path / IK_BUILD / version("ik-llama-cpp-python")
+    folder.mkdir(parents=True)
+    (folder / "libllama.so").write_bytes(b"")
+    assert ik_library() is None  # a build cut short: its server is missing
+    (folder / "llama-server").write_bytes(b"")
+    assert ik_library() == str(folder / "libllama.so")
+    monkeypatch.setenv("IK_LLAMA_CPP_LIB_PATH", "/elsewhere/libllama.so")
+    assert ik_library() == "/elsewhere/libllama.so"
