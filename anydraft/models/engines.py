@@ -12,7 +12,7 @@
 
 ik-llama-cpp-python's own Python layer is thin and partly wrong for this API (its
 ``llama_tokenize`` passes a vocabulary where the C function takes a model), so anydraft declares
-each C function it calls itself (`IK_SIGNATURES`) and takes from the package only the shared
+each C function it calls itself (`_ik_signatures`) and takes from the package only the shared
 library and the layouts of three structures, which must match that library. The calls whose
 names or arguments differ from llama-cpp-python's are presented under llama-cpp-python's names
 (`IK_AS_LLAMACPP`, `_IkApi`), so llamacpp.py calls one API whichever engine runs.
@@ -34,8 +34,9 @@ from ..errors import AnydraftError
 # ik_llama.cpp evaluates a call in graphs of at most this many tokens. The 0.1.5 wheel's kernels
 # scored SmolLM2-135M's Q4_1 weights wrong from 32 tokens in one graph (logits up to 34 apart
 # from the same positions scored one at a time, argmax agreeing on 28-38% of them; AMD Zen 4,
-# 2026-12-07); in graphs of 16 every position came out bit-identical to one-token calls, and
-# Qwen2.5-1.5B read a 512-token prompt in 4.3-4.8 s either way (llama.cpp: 5.7 s)
+# 2026-12-07); in graphs of 16 every position came out bit-identical to one-token calls. The
+# price is in prompt reads: Qwen2.5-1.5B read 400 tokens in 3.6-4.0 s on the wheel's library
+# either way, and on the build for this CPU in 3.2-3.3 s against 2.8-3.1 in graphs of 512
 IK_UBATCH = 16
 
 # architectures ik_llama.cpp scores unlike llama.cpp, measured on the catalog's files: it refuses
