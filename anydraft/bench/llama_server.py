@@ -52,6 +52,8 @@ class Flavor:
     prepare: Callable[[Path], None] | None = None  # fixes the tree needs before cmake
     # the server's own flags beyond model, threads, context, slots and address: as users run it
     flags: tuple[str, ...] = ()
+    # and those it needs to serve several slots
+    parallel_flags: tuple[str, ...] = ()
     # what is built (cmake targets) and kept (they and, built shared, every library of build/bin
     # are copied into the cache)
     targets: tuple[str, ...] = ("llama-server",)
@@ -91,7 +93,10 @@ IK_SERVER = Flavor(IK_BUILD, "ik_llama.cpp's llama-server", "ik-llama-cpp-python
                    _prepare_ik,
                    # run-time repack (as anydraft's ik backend loads): one token as fast as llama.cpp's;
                    # it has no flag for the prompt cache, which each request turns off
-                   flags=("-rtr",), targets=("llama-bench", "llama-server"))
+                   flags=("-rtr",), targets=("llama-bench", "llama-server"),
+                   # its flash attention aborts on a batch of several sequences (GGML_ASSERT(S > 0)
+                   # in iqk_fa_templates.h, seen with --parallel 8), as in anydraft's ik batches
+                   parallel_flags=("-fa", "off"))
 FLAVORS = {flavor.name: flavor for flavor in (LLAMA_SERVER, IK_SERVER)}
 
 
@@ -219,7 +224,8 @@ class LlamaServer:
     def command(self) -> list[str]:
         return [self.binary, "-m", self.gguf, "-t", str(self.threads), "-tb", str(self.threads),
                 "-c", str(self.context * self.parallel), "--parallel", str(self.parallel),
-                "--host", "127.0.0.1", "--port", str(self.port), *self.flavor.flags]
+                "--host", "127.0.0.1", "--port", str(self.port), *self.flavor.flags,
+                *(self.flavor.parallel_flags if self.parallel > 1 else ())]
 
     def __enter__(self) -> LlamaServer:
         log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
