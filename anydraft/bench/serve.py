@@ -256,8 +256,11 @@ class ServerProcess:
 
 # -- the clients ----------------------------------------------------------------------------
 def request_body(prompt: str, args, seed: int) -> dict:
+    # cache_prompt: the plain servers (llama.cpp's, ik_llama.cpp's, which has no flag for it)
+    # read every prompt, as anydraft does; anydraft's server ignores the field
     body = {"model": MODEL_ID, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
+            "seed": seed, "stream": True, "stream_options": {"include_usage": True},
+            "cache_prompt": False}
     if args.completions:
         return body | {"prompt": prompt}
     return body | {"messages": [{"role": "user", "content": prompt}]}
