@@ -98,6 +98,7 @@ IK_SERVER = Flavor(IK_BUILD, "ik_llama.cpp's llama-server", "ik-llama-cpp-python
                    # in iqk_fa_templates.h, seen with --parallel 8), as in anydraft's ik batches
                    parallel_flags=("-fa", "off"))
 FLAVORS = {flavor.name: flavor for flavor in (LLAMA_SERVER, IK_SERVER)}
+SERVERS = tuple(FLAVORS)  # the plain servers' names: bench's baselines, bench-serve's configurations
 
 
 def _version(flavor: Flavor = LLAMA_SERVER) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .bound import best_bound, median, per_token_acceptance
 from .host import host_lines, synthetic_models
+from .llama_server import SERVERS
 from .runner import backend_sides, label, path_backend
 
 # speedup_vs_ar, decode_speedup_vs_ar (after the target's first call, which takes prefill_seconds),
@@ -153,7 +154,7 @@ def labeller(rows: list[dict]) -> Callable[[dict], str]:
 def several_plain(rows: list[dict]) -> bool:
     """Whether more than one plain decoding ran (AR on several target backends, llama-server)."""
     return len({(r["method"], r["target_backend"]) for r in rows
-                if r["method"] in ("ar", "llama-server", "ik-llama-server")}) > 1
+                if r["method"] in ("ar", *SERVERS)}) > 1
 
 
 def has_server(rows: list[dict]) -> bool:

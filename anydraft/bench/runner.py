@@ -29,11 +29,11 @@ from .bound import best_bound, cost_ratio, median, per_token_acceptance, verify_
 from .busy import busy_cores
 from .busy import note as busy_note
 from .host import host_fields
+from .llama_server import SERVERS
 from .realtime import throttle_note
 
 # rows that other programs produced (transformers' assisted generation, llama.cpp's own server):
 # they report tokens and seconds only
-SERVERS = ("llama-server", "ik-llama-server")  # plain servers on the target's GGUF (llama_server.py FLAVORS)
 BASELINES = ("hf", *SERVERS)
 # --exact: every target plain, every target exact, each both ways in the same run, or each as
 # `Decoder`'s exact="auto" chooses on this machine (hardware/exact_cost.py)
@@ -296,13 +296,13 @@ def run_bench(settings: BenchSettings, prompts: list[dict], quiet: bool = False,
         for exact in settings.exact_variants(tb):
             jobs += _path_jobs(settings, tb, target.model, target_tok, exact, alone, drafters, todo,
                                hf, name_of, common)
+    from ..models.engines import ENGINES
+    from ..models.llamacpp import requested_context
+    from .llama_server import FLAVORS, ServerBaseline
+
     servers = []
     try:
         for name in settings.baseline_servers:  # beside AR on a llama.cpp-family backend
-            from ..models.engines import ENGINES
-            from ..models.llamacpp import requested_context
-            from .llama_server import FLAVORS, ServerBaseline
-
             tb = next((b for b in settings.target_backends if b in ENGINES), settings.target_backends[0])
             context = getattr(targets[tb].model, "max_length", None) or requested_context()
             servers.append(ServerBaseline(settings.target, context, progress_note, flavor=FLAVORS[name]).start())

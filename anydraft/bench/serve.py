@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..models.engines import BACKENDS
 from ..options import command_line
+from .llama_server import SERVERS
 from .processes import free_port, stop_process
 from .realtime import refuse_realtime
 
@@ -159,8 +160,8 @@ def plain_ar(args: tuple[str, ...]) -> bool:
 
 
 LLAMA_SERVER = "llama-server"  # the label of `--llama-server`'s configuration
-# the plain servers' configurations: label -> the option that adds it
-PLAIN_SERVERS = {LLAMA_SERVER: "llama_server", "ik-llama-server": "ik_llama_server"}
+# the plain servers' configurations: label -> the option that adds it (--llama-server, ...)
+PLAIN_SERVERS = {name: name.replace("-", "_") for name in SERVERS}
 
 
 def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list[str]:
