@@ -2,9 +2,12 @@
 
 Every file anydraft keeps (cost curves, scout winners, learned statistics, assembled,
 converted and quantized models) is written under a scratch name of its own, unique to the
-writer, next to the final path, and then renamed over it with `os.replace`, which is atomic
-on one file system: a reader sees the old file or the new one, never half of one, and two
-writers never write into the same scratch file (of several, the last rename wins).
+writer, next to the final path, and then renamed into place, which is atomic on one file
+system: a reader sees the old file or the new one, never half of one, and two writers never
+write into the same scratch file. Of several writers of a file the last rename wins; of
+several writers of a directory (a model converted once, made from one source whoever makes it)
+the first stays, since replacing a directory is a removal and a rename, and a reader between
+the two would find a half-removed model.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from pathlib import Path
 @contextlib.contextmanager
 def replacing(path, directory: bool = False):
     """Yield a fresh scratch path next to ``path`` (nothing there yet; with ``directory`` an
-    empty directory) to write into; when the block ends without an exception it replaces ``path``,
-    and otherwise it is removed. A directory at ``path`` is removed first (os.replace renames
-    over an empty one only); should another writer put its own there in between, that one
-    stays and this copy is dropped: both were made from the same source."""
+    empty directory) to write into; when the block ends without an exception it is renamed to
+    ``path``, and otherwise it is removed. A file replaces the file there. A directory takes
+    ``path`` only where nothing (or an empty directory) is there: where another writer's copy
+    is, that one stays and this one is dropped, so once a directory is at ``path`` it stays
+    whole for every reader (issue 61: two servers converting one GGUF at once, the second
+    removing the first's weights under a reader). A directory left broken at ``path`` by
+    other means stays too: its reader must say to remove it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # a random name rather than tempfile's: that one is created private to its owner (0600,
@@ -32,9 +38,8 @@ def replacing(path, directory: bool = False):
         scratch.mkdir()
     try:
         yield scratch
-        if directory:
-            shutil.rmtree(path, ignore_errors=True)
         try:
+            # rename(2) puts a directory over an empty one only: atomic "rename if absent"
             os.replace(scratch, path)
         except OSError:
             if not (directory and path.is_dir()):

@@ -28,6 +28,7 @@ from .hardware.profile import cached_curve
 from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
 from .models.loading import parse_dtype, resolve_device
+from .models.session import close_session
 from .planning.cost import drafting_pays
 from .planning.estimates import Costs, Estimates
 from .planning.settings import SETTINGS
@@ -247,13 +248,17 @@ class Decoder:
         params.check_vocabulary(self.target.logits_width)
         ids = self.check_ids(list(ids))
         session = self.target.new_session() if rows is None else RowView(rows.target)
-        state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
-                            drafter_rows=None if rows is None else rows.drafter,
-                            top_logprobs=request.logprobs)
-        text = TextAssembler(self.table.token_bytes, self.table.special_ids, request.stop)
-        max_new = request.max_new_tokens
-        return Generation(state, self._method_factory(method, params, max_new), max_new,
-                          self.eos_ids if eos_ids is None else eos_ids, text, Finish(), cancel)
+        try:
+            state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
+                                drafter_rows=None if rows is None else rows.drafter,
+                                top_logprobs=request.logprobs)
+            text = TextAssembler(self.table.token_bytes, self.table.special_ids, request.stop)
+            max_new = request.max_new_tokens
+            return Generation(state, self._method_factory(method, params, max_new), max_new,
+                              self.eos_ids if eos_ids is None else eos_ids, text, Finish(), cancel)
+        except BaseException:  # the row goes back to the batch now, not when the GC finds it
+            close_session(session)
+            raise
 
     def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationOutput:
         """Generate a completion of ``prompt`` (a string, or with ``chat`` a list of messages).

@@ -13,7 +13,7 @@ position that pair reads as ``[accepted, reached]``, discounted counts::
               "drafter": {"model": "smollm2-135m", "backend": "llamacpp", "dtype": ""}},
      "acceptance": [{"key": ["slem", true], "steps": 412, "idle": 0, "ratio": [9.7, 9.9],
                      "positions": [[7.1, 9.9], [5.0, 7.1], ...], "overhead": [0.02, 9.9]}, ...],
-     "costs": {"machine": "3f0c...", "devices": ["cpu", "cpu"],
+     "costs": {"machine": "3f0c...", "devices": ["cpu", "cpu"], "hugepages": true,
                "target": {"1": [0.61, 6.5], "6": [0.93, 9.9]}, "draft": [0.11, 9.9],
                "read": [0.004, 2.7], "plain_overhead": [0.01, 6.5],
                "profile": {"1": 0.060, "2": 0.064, ...}, "profile_weight": 0.0013}}
@@ -22,6 +22,9 @@ position that pair reads as ``[accepted, reached]``, discounted counts::
 numerics they run in, so a file for another pair is refused. Costs (``costs`` and each
 proposer's ``overhead``, in seconds) depend on the machine too: they are seeded only on the
 machine (`Machine.key`) and devices that measured them; elsewhere the acceptance alone is.
+``hugepages`` says whether the process that learned them had huge pages: recorded, not
+compared, as the machine's key leaves it out (a server the `anydraft` command starts has them,
+a program that imports anydraft may not, and both learn on the same machine).
 ``profile`` is the target's cost curve as hardware/profile.py measured it (seconds per call
 by tokens scored), a prior worth ``profile_weight`` calls that fades as calls are observed.
 Acceptance keys are ``[method, greedy]``, and ``["copy", greedy, n]`` for prompt lookup after
@@ -59,9 +62,9 @@ def place_of(decoder) -> dict:
             "devices": [m.device.type for m in models if m is not None]}
 
 
-def observations(estimates: Estimates) -> int:
-    """Steps that taught the estimates something: drafting (or copying) steps."""
-    return sum(acc.steps for acc in estimates.acceptance.values())
+def observations(learned: dict) -> int:
+    """Steps that taught a `snapshot` something: drafting (or copying) steps."""
+    return sum(entry["steps"] for entry in learned["acceptance"])
 
 
 # -- to and from JSON ----------------------------------------------------------------------
@@ -90,21 +93,35 @@ def _read_mean(pair) -> Mean:
     return mean
 
 
-def to_json(decoder) -> dict:
-    est = decoder.estimates
-    c = est.costs
+def snapshot(estimates: Estimates) -> dict:
+    """What ``estimates`` learned as the file holds it (its ``acceptance`` and its ``costs``
+    but the place): new lists and dicts of numbers, which the steps that go on changing
+    ``estimates`` leave alone. Cheap (20 us on a 2-core Xeon) for a server's worker to take
+    between steps, so its statistics are saved whole whatever it is doing (server/scheduler.py)."""
+    c = estimates.costs
     return {
-        "format": FORMAT, "version": VERSION, "pair": pair_of(decoder),
         "acceptance": [{"key": list(key), "steps": acc.steps, "idle": acc.idle,
                         "ratio": _mean(acc.ratio), "positions": [_mean(p) for p in acc.positions],
                         "overhead": _mean(acc.overhead)}
-                       for key, acc in est.acceptance.items()],
-        "costs": {**place_of(decoder), "target": {str(n): _mean(m) for n, m in c.target.items()},
+                       for key, acc in estimates.acceptance.items()],
+        "costs": {"target": {str(n): _mean(m) for n, m in c.target.items()},
                   "draft": _mean(c.draft), "read": _mean(c.read),
                   "plain_overhead": _mean(c.plain_overhead),
                   "profile": {str(n): s for n, s in c.profile.items()},
                   "profile_weight": c.profile_weight},
     }
+
+
+def to_json(decoder, learned: dict | None = None) -> dict:
+    """The file of ``learned`` (a `snapshot`; None: of ``decoder``'s estimates now), for
+    ``decoder``'s pair on this machine."""
+    from .hardware.machine import this_machine
+
+    learned = snapshot(decoder.estimates) if learned is None else learned
+    return {"format": FORMAT, "version": VERSION, "pair": pair_of(decoder),
+            "acceptance": learned["acceptance"],
+            "costs": {**place_of(decoder), "hugepages": this_machine().hugepages,
+                      **learned["costs"]}}
 
 
 def _acceptance(entry: dict, costs: bool) -> Acceptance:
@@ -126,12 +143,12 @@ def _costs(data: dict) -> Costs:
 
 
 # -- files ---------------------------------------------------------------------------------
-def save(decoder, path) -> None:
-    """Write ``decoder``'s learned statistics to ``path`` atomically (a temporary file in the
-    same folder, then renamed over it): a reader never sees half a file, and of several
-    writers the last one wins. Its permissions follow the umask, as any file the user writes
-    (`atomic.replacing`)."""
-    write_text(path, json.dumps(to_json(decoder), indent=1))
+def save(decoder, path, learned: dict | None = None) -> None:
+    """Write ``decoder``'s learned statistics (``learned``, a `snapshot` of them; None: as they
+    are now) to ``path`` atomically (a temporary file in the same folder, then renamed over
+    it): a reader never sees half a file, and of several writers the last one wins. Its
+    permissions follow the umask, as any file the user writes (`atomic.replacing`)."""
+    write_text(path, json.dumps(to_json(decoder, learned), indent=1))
 
 
 def read(path) -> dict:
@@ -183,7 +200,7 @@ def load(decoder, path) -> str:
         raise AnydraftError(f"stats file {path} is malformed ({type(exc).__name__}: {exc}): "
                             "delete it, or pass a file written by save_stats / serve --stats") from None
     decoder.estimates.costs, decoder.estimates.acceptance = learned.costs, learned.acceptance
+    seen = observations(snapshot(learned))
     if costs:
-        return f"seeded from {path} ({observations(learned)} observations)"
-    return (f"costs in {path} are from another machine or device: acceptance only "
-            f"({observations(learned)} observations)")
+        return f"seeded from {path} ({seen} observations)"
+    return f"costs in {path} are from another machine or device: acceptance only ({seen} observations)"

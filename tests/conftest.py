@@ -27,6 +27,20 @@ def session_cache(tmp_path_factory):
         yield cache, real
 
 
+@pytest.fixture
+def started_with_hugepages(monkeypatch):
+    """``start(on)``: `this_machine` reads huge pages ``on`` from then on, as a process started
+    with the tunable (the `anydraft` command restarts itself with it) or without would."""
+    from anydraft.hardware import machine
+
+    def start(on: bool) -> None:
+        monkeypatch.setattr(machine, "hugepages_state", lambda: (on, "set by a test"))
+        machine.this_machine.cache_clear()
+
+    yield start
+    machine.this_machine.cache_clear()  # before monkeypatch undoes: the next reads the real state
+
+
 def require_model(name: str) -> str:
     """Skip when a catalog model is not installed, unless CI demands every model."""
     if not catalog.CATALOG[name].installed:

@@ -3,6 +3,8 @@ rename; a failed write leaves the old file and no scratch behind."""
 
 import json
 import pathlib
+import sys
+import threading
 
 import pytest
 
@@ -30,24 +32,68 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_scratch(tmp_path):
     assert path.read_text() == "old" and list(tmp_path.iterdir()) == [path]
 
 
-def test_a_directory_replaces_a_broken_one_and_yields_to_a_finished_one(tmp_path, monkeypatch):
+def test_a_directory_keeps_the_one_another_writer_finished(tmp_path):
+    """A writer of a directory removed the one another writer had finished before renaming its
+    own over it; that one now stays, whole, and the later copy is dropped."""
     path = tmp_path / "converted"
-    path.mkdir()
-    (path / "leftover").write_text("from a broken run")
-    with atomic.replacing(path, directory=True) as scratch:
-        (scratch / "config.json").write_text("{}")
-    assert [p.name for p in path.iterdir()] == ["config.json"]
-    replace = atomic.os.replace
+    with atomic.replacing(path, directory=True) as later:
+        (later / "config.json").write_text('{"later": 1}')
+        with atomic.replacing(path, directory=True) as sooner:
+            (sooner / "config.json").write_text('{"sooner": 1}')
+    assert (path / "config.json").read_text() == '{"sooner": 1}'
+    assert list(tmp_path.iterdir()) == [path]
 
-    def another_writer_first(src, dst):  # finishes between this one's removal and rename
-        pathlib.Path(dst).mkdir()
-        (pathlib.Path(dst) / "config.json").write_text('{"other": 1}')
-        replace(src, dst)
 
-    monkeypatch.setattr(atomic.os, "replace", another_writer_first)
-    with atomic.replacing(path, directory=True) as scratch:
-        (scratch / "config.json").write_text('{"this": 1}')
-    assert (path / "config.json").read_text() == '{"other": 1}'  # kept: the same source
+WEIGHTS = 200  # files in the fake converted model: removing them takes long enough to be seen
+
+
+def test_two_converters_at_once_both_load_a_whole_model(tmp_path):
+    """Two converters of one GGUF at once (threads for two servers started together, issue 61)
+    and loaders polling meanwhile: whoever finds config.json finds every weight beside it, and
+    both converters then load the model. Removing the first copy to rename the second over it
+    left a window in which loaders found config.json and no weights (nearly every run here)."""
+    path = tmp_path / "converted"
+    both_converting = threading.Barrier(2)
+    first_in_place = threading.Event()
+    stop = threading.Event()
+    loads = []
+
+    def whole() -> bool:
+        return all((path / f"w{i}.safetensors").is_file() for i in range(WEIGHTS))
+
+    def convert(first: bool):
+        with atomic.replacing(path, directory=True) as scratch:
+            both_converting.wait()
+            (scratch / "config.json").write_text("{}")
+            for i in range(WEIGHTS):
+                (scratch / f"w{i}.safetensors").write_text("weights")
+            if not first:  # the other finishes first, with loaders reading its copy
+                first_in_place.wait()
+        if first:
+            first_in_place.set()
+        loads.append(whole())
+
+    def load():
+        while not stop.is_set():
+            if (path / "config.json").is_file():
+                loads.append(whole())
+
+    loaders = [threading.Thread(target=load) for _ in range(2)]
+    converters = [threading.Thread(target=convert, args=(first,)) for first in (True, False)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns often, as processes would run at once
+    try:
+        for thread in loaders + converters:
+            thread.start()
+        for thread in converters:
+            thread.join()
+    finally:
+        stop.set()
+        sys.setswitchinterval(switch)
+        for thread in loaders:
+            thread.join()
+    halves = loads.count(False)
+    assert len(loads) >= 2 and halves == 0, f"{halves} of {len(loads)} loads found half a model"
     assert list(tmp_path.iterdir()) == [path]
 
 

@@ -94,6 +94,21 @@ def _edit(data: dict, change) -> dict:
     return data
 
 
+def test_costs_learned_with_huge_pages_are_seeded_without(tmp_path, started_with_hugepages):
+    """A server the `anydraft` command started has huge pages, a program that imports anydraft
+    may not: with the state in the machine's key, costs one learned were "from another
+    machine" to the other (issue 61). The state is recorded beside them."""
+    dec = decoder()
+    request(dec.estimates, 30, draft=0.005, accepted=5)
+    started_with_hugepages(True)
+    learned.save(dec, tmp_path / "stats.json")
+    started_with_hugepages(False)
+    seeded = decoder()
+    assert learned.load(seeded, tmp_path / "stats.json").startswith("seeded from")
+    assert seeded.estimates.costs.draft.value == dec.estimates.costs.draft.value
+    assert json.loads((tmp_path / "stats.json").read_text())["costs"]["hugepages"] is True
+
+
 @pytest.mark.parametrize("text, error", [
     ("{not json", "not a readable JSON file"),
     ('{"format": "something else"}', "not an anydraft stats file"),

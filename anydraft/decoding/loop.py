@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.session import PREFILL_CHUNK, Session, read_in_chunks
+from ..models.session import PREFILL_CHUNK, Session, close_session, read_in_chunks
 from ..models.threads import host_threads
 from ..sampling import SamplingParams
 from .logprobs import TokenLogprob
@@ -235,9 +235,7 @@ class Generation:
         request)."""
         drafter = self.row.drafter if self.row is not None else None
         for session in (self.state.target, drafter.session if drafter is not None else None):
-            close = getattr(session, "close", None)
-            if close is not None:
-                close()
+            close_session(session)
 
     def delta(self) -> str:
         """New text since the last call (never half a UTF-8 character or a possible stop string)."""

@@ -144,13 +144,16 @@ def cached(model_key: str, machine: Machine | None = None) -> tuple[dict[tuple[i
 def save(model_key: str, calls: dict[tuple[int, int], float], context: int,
          machine: Machine | None = None) -> None:
     """Add ``calls`` to the model's entry (replacing the calls measured again; an entry at
-    another context is replaced whole). Keys read "BxQ": rows x new tokens per row."""
+    another context, or with huge pages the other way, is replaced whole, so that its calls
+    compare). Keys read "BxQ": rows x new tokens per row. The huge-page state is a field of
+    the entry, not part of the machine's key (`Machine.key`)."""
     machine = machine or this_machine()
     path = _path(machine)
     data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines(), "batched": {}}
     entry = data["batched"].get(model_key)
-    if entry is None or entry["context"] != context:
-        entry = data["batched"][model_key] = {"context": context, "seconds": {}}
+    if entry is None or (entry["context"], entry["hugepages"]) != (context, machine.hugepages):
+        entry = data["batched"][model_key] = {"context": context, "hugepages": machine.hugepages,
+                                              "seconds": {}}
     entry["seconds"].update({f"{b}x{q}": s for (b, q), s in calls.items()})
     write_text(path, json.dumps(data, indent=1))
 

@@ -26,7 +26,8 @@ class Machine:
     torch: str
     cuda: tuple[str, ...]  # one "name (sm_XY)" per CUDA device
     # whether large allocations (the models' weights) get huge pages (models/hugepages.py): a
-    # one-token step is several percent faster with them, so curves measured without are not reused
+    # one-token step is several percent faster with them. Not part of `key`: each cached
+    # measurement records it instead
     hugepages: bool = False
 
     @property
@@ -39,8 +40,16 @@ class Machine:
 
     @property
     def key(self) -> str:
-        """Identifies this machine's speed: measurements cached under another key are not reused."""
-        return hashlib.sha256(repr(sorted(asdict(self).items())).encode()).hexdigest()[:16]
+        """Identifies this machine's speed: measurements cached under another key are not reused.
+        Huge pages are left out: they follow how the process was started (the `anydraft` command
+        starts itself again with them, a program that imports anydraft has them only if it asks),
+        and a program must find what the command measured on the same machine (`Decoder(target,
+        drafter="auto")` after `anydraft scout`, issue 61). Each entry records the state it was
+        measured in (`hugepages` beside the measurement). Entries saved while the state was part
+        of the key are not found: they are measured again."""
+        identity = asdict(self)
+        del identity["hugepages"]
+        return hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:16]
 
     def lines(self) -> list[str]:
         features = ", ".join(self.features) or "none of " + ", ".join(FEATURES)

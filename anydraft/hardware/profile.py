@@ -77,18 +77,23 @@ def _path(machine: Machine) -> Path:
 
 def entry(model_key: str, section: str = "curves", machine: Machine | None = None):
     """What this machine's cache holds for ``model_key`` in ``section`` ("curves": cost curves;
-    "exact": exact scoring's cost, hardware/exact_cost.py), or None."""
+    "exact": exact scoring's cost, hardware/exact_cost.py), or None; measured with huge pages
+    on or off (`store`)."""
     path = _path(machine or this_machine())
     if not path.is_file():
         return None
-    return json.loads(path.read_text()).get(section, {}).get(model_key)
+    found = json.loads(path.read_text()).get(section, {}).get(model_key)
+    return None if found is None else found["measured"]
 
 
 def store(model_key: str, value, section: str = "curves", machine: Machine | None = None) -> None:
+    """Cache ``value`` as ``{"measured": value, "hugepages": on}``: the huge-page state is how
+    the measuring process was started, not part of the machine's key (`Machine.key`), so it is
+    kept beside what it may have sped up."""
     machine = machine or this_machine()
     path = _path(machine)
     data = json.loads(path.read_text()) if path.is_file() else {"machine": machine.lines()}
-    data.setdefault(section, {})[model_key] = value
+    data.setdefault(section, {})[model_key] = {"measured": value, "hugepages": machine.hugepages}
     write_text(path, json.dumps(data, indent=1))
 
 

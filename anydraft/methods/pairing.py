@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from ..bridge import same_tokenizer, token_table
 from ..bridge.intersection import intersect
 from ..models.batch import RowView
-from ..models.session import Session
+from ..models.session import Session, close_session
 from ..planning.cost import best
 from ..planning.estimates import Estimates
 from ..planning.policy import Policy
@@ -115,9 +115,13 @@ class Pairing:
             head, body = list(self.drafter_bos), self.drafter_table.encode(text)
         rows = getattr(state, "drafter_rows", None)  # a test's bare state has none
         session = self.new_drafter_session() if rows is None else RowView(rows)
-        return Drafter(session, self.drafter_table, head + body, state.stats,
-                       target_table=None if same_ids else self.target_table, head=len(head),
-                       context=self.drafter_context, cancel=state.cancel, width=self.drafter_vocab_size)
+        try:
+            return Drafter(session, self.drafter_table, head + body, state.stats,
+                           target_table=None if same_ids else self.target_table, head=len(head),
+                           context=self.drafter_context, cancel=state.cancel, width=self.drafter_vocab_size)
+        except BaseException:  # the row goes back to the batch now, not when the GC finds it
+            close_session(session)
+            raise
 
     def start(self, state, proposer) -> Row:
         """One generation of a drafter method: its drafter, reading the prompt, and its policy

@@ -8,6 +8,8 @@ cost grows slowly with the tokens in it where the model's cost curve is flat
 
 - ``add_row()``: a free row id (raises when all ``max_rows`` are taken).
 - ``remove_row(row)``: forget the row; its id may be given out again.
+- ``release(row)``: `remove_row` from any thread: done by the batch's own thread at its next
+  ``add_row`` or ``feed_rows`` (`OwnedRows`).
 - ``feed_rows({row: ids}, {row: n})``: append each row's ``ids`` and return, per row, float32
   CPU logits for its last ``n`` positions: exactly what ``Session.feed(ids, n)`` returns for
   that row alone (to float rounding, where the backend sums in another order).
@@ -22,6 +24,7 @@ faster, and the fallback of every backend without batched calls.
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +32,7 @@ from typing import Protocol
 import torch
 
 from ..errors import AnydraftError
+from .session import close_session
 
 
 class BatchSession(Protocol):
@@ -42,6 +46,8 @@ class BatchSession(Protocol):
     def add_row(self) -> int: ...
 
     def remove_row(self, row: int) -> None: ...
+
+    def release(self, row: int) -> None: ...
 
     def length(self, row: int) -> int: ...
 
@@ -64,7 +70,24 @@ def full(max_rows: int) -> AnydraftError:
     return AnydraftError(f"all {max_rows} rows of the batch are taken: wait for a row to leave")
 
 
-class RowLengths:
+class OwnedRows:
+    """A batch is its owner's: only the thread that runs it calls it (docs/architecture.md,
+    "Threads"). A `RowView` collected elsewhere (its finalizer runs on whatever thread drops
+    the last reference: the server's event loop, another worker) must not cut its row out of a
+    cache the owner may be decoding in at that moment, so it only queues the row here
+    (``release``, safe from any thread); the owner removes the queued rows before it next adds
+    a row or feeds (``reclaim``)."""
+
+    def release(self, row: int) -> None:
+        self.__dict__.setdefault("_released", deque()).append(row)  # one step each: thread-safe
+
+    def reclaim(self) -> None:
+        released = self.__dict__.get("_released")
+        while released:
+            self.remove_row(released.popleft())
+
+
+class RowLengths(OwnedRows):
     """The row bookkeeping of a `BatchSession` whose rows are only lengths on this side (the
     KV cache, if any, is the model's): ``max_rows`` slots, ``lengths`` row -> its length."""
 
@@ -73,6 +96,7 @@ class RowLengths:
     exact = False  # an exact `TorchBatch` says so
 
     def add_row(self) -> int:
+        self.reclaim()
         if len(self.lengths) >= self.max_rows:
             raise full(self.max_rows)
         row = min(set(range(self.max_rows)) - set(self.lengths))
@@ -91,15 +115,15 @@ class RowLengths:
 
 
 class RowView:
-    """One row of a `BatchSession` as a `Session`; the row is freed when the view is closed or
-    collected."""
+    """One row of a `BatchSession` as a `Session`; the row is freed when the view is closed (by
+    the batch's owner) or released when it is collected (on any thread: `OwnedRows`)."""
 
     def __init__(self, batch: BatchSession):
         self.batch = self._rows = batch
         self.exact = batch.exact
         self.row = batch.add_row()
         self.vocab_size, self.max_length = batch.vocab_size, batch.max_length
-        self._free = weakref.finalize(self, batch.remove_row, self.row)
+        self._free = weakref.finalize(self, batch.release, self.row)
 
     def __len__(self) -> int:
         return self._rows.length(self.row)
@@ -111,7 +135,9 @@ class RowView:
         self._rows.rollback(self.row, n)
 
     def close(self) -> None:
-        self._free()
+        """Free the row now (the batch's owner calls this: `Generation.leave`)."""
+        if self._free.detach() is not None:
+            self._rows.remove_row(self.row)
 
 
 class OwnRow(RowView):
@@ -124,7 +150,7 @@ class OwnRow(RowView):
         self.batch = None
 
 
-class SerialBatch:
+class SerialBatch(OwnedRows):
     """A `BatchSession` whose rows are sessions of their own, fed one after another."""
 
     def __init__(self, new_session: Callable[[], object], max_rows: int, exact: bool = False):
@@ -137,6 +163,7 @@ class SerialBatch:
         self._spare = [probe]
 
     def add_row(self) -> int:
+        self.reclaim()
         if len(self.sessions) >= self.max_rows:
             raise full(self.max_rows)
         row = min(set(range(self.max_rows)) - set(self.sessions))
@@ -144,7 +171,7 @@ class SerialBatch:
         return row
 
     def remove_row(self, row: int) -> None:
-        self.sessions.pop(row, None)
+        close_session(self.sessions.pop(row, None))
 
     def length(self, row: int) -> int:
         return len(self.sessions[row])
@@ -153,4 +180,5 @@ class SerialBatch:
         self.sessions[row].rollback(n)
 
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
+        self.reclaim()
         return {row: self.sessions[row].feed(ids, rows[row]) for row, ids in feeds.items()}

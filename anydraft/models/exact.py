@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 
 import torch
 
@@ -57,6 +58,7 @@ UNIFORM_ROWS = (16, 48, 128, 264, 528)
 
 _tiling = contextvars.ContextVar("anydraft_exact_tiling", default=False)
 _uniform: dict[tuple, bool] = {}
+_installing = threading.Lock()  # two workers making exact batches of one model install once
 
 
 def uniform(layer: torch.nn.Module) -> bool:
@@ -125,10 +127,11 @@ def install(model: torch.nn.Module) -> torch.nn.Module:
     from .kernels import PackedLinear
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    for module in list(model.modules()):
-        if isinstance(module, TiledLinear):
-            continue
-        for name, child in list(module.named_children()):
-            if type(child) in (torch.nn.Linear, PackedLinear):
-                setattr(module, name, TiledLinear(child, whole=child is not head))
+    with _installing:
+        for module in list(model.modules()):
+            if isinstance(module, TiledLinear):
+                continue
+            for name, child in list(module.named_children()):
+                if type(child) in (torch.nn.Linear, PackedLinear):
+                    setattr(module, name, TiledLinear(child, whole=child is not head))
     return model

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Sequence
 
@@ -27,7 +28,7 @@ import torch
 
 from ..atomic import replacing
 from ..errors import AnydraftError
-from .batch import full
+from .batch import OwnedRows, full
 from .engines import LLAMACPP, Engine, context_params, end_ids, max_sequences, model_params
 from .exact import reads
 from .session import ROLLBACK_HELP, rows_to_return
@@ -93,8 +94,11 @@ class LlamaCppModel:
         self.max_length = min(train, wanted) if train > 0 else wanted
         self.eos_ids = frozenset(i for i in end_ids(lib, self._model, self._vocab) if i >= 0)
         self._lib = lib
-        # (rows, cells) -> emptied contexts of finished sessions and batches, for the next ones
+        # (rows, cells) -> emptied contexts of finished sessions and batches, for the next ones;
+        # the server's workers take and give back at once (`_pool` guards it and `_batches`)
         self._spare: dict[tuple[int, int], list[_Context]] = {}
+        self._batches = 0  # batch contexts (of several rows) in use
+        self._pool = threading.Lock()
 
     @classmethod
     def load(cls, source, progress=None, engine: Engine = LLAMACPP) -> LlamaCppModel:
@@ -110,24 +114,38 @@ class LlamaCppModel:
 
     def _context(self, rows: int = 1, cells: int | None = None) -> _Context:
         """A context for ``rows`` sequences in ``cells`` tokens: a spare one of that shape
-        where a finished session or batch left one (`_release`), else a new one."""
-        # pop, not check-then-pop: server workers call this at once, and between another
-        # thread's check and its pop the last spare context could be gone (IndexError)
+        where a finished session or batch left one (`_release`), else a new one (made outside
+        the lock: it takes seconds)."""
+        with self._pool:
+            self._batches += rows > 1
+            spare = self._spare.get((rows, cells or self.max_length))
+            if spare:
+                return spare.pop()
         try:
-            return self._spare.get((rows, cells or self.max_length), []).pop()
-        except IndexError:
             return _Context(self, rows, cells)
+        except BaseException:
+            with self._pool:
+                self._batches -= rows > 1
+            raise
 
     def _release(self, context: _Context) -> None:
         """A finished session's or batch's context, emptied, waits for the next one of its
         shape (creating one allocates the whole KV cache: 0.6-6 s for a batch of SmolLM2 on
-        the Zen 3)."""
+        the Zen 3). A batch's is large (rows x cells): it waits only where no other batch is
+        in use and then alone, so a batch made again after a failed step while the failed one
+        was still held (a server's worker, issue 61) does not keep twice the memory for good."""
         self._lib.llama_memory_clear(context.memory, True)
-        if context.rows > 1:  # a batch's pool is large (rows x cells): the last one waits, alone
-            for shape in [shape for shape in list(self._spare) if shape[0] > 1]:
-                for old in self._spare.pop(shape, []):
-                    old.free()
-        self._spare.setdefault((context.rows, context.cells), []).append(context)
+        freed = []
+        with self._pool:
+            if context.rows > 1:
+                self._batches -= 1
+                freed = [old for shape in list(self._spare) if shape[0] > 1 for old in self._spare.pop(shape)]
+                if self._batches:
+                    freed.append(context)
+            if context not in freed:
+                self._spare.setdefault((context.rows, context.cells), []).append(context)
+        for old in freed:
+            old.free()
 
     def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
         """llama.cpp's own tokenizer (used to prove the transformers tokenizer agrees)."""
@@ -317,7 +335,7 @@ class ExactSession(LlamaCppSession):
         self._context.use_threads(1 if alone else _threads())
 
 
-class LlamaCppBatch:
+class LlamaCppBatch(OwnedRows):
     """Up to ``max_rows`` sequences of one model in one llama.cpp context, one sequence id per
     row: a `BatchSession` (models/batch.py) whose ``feed_rows`` is ONE ``llama_decode`` (one
     per ``BATCH`` tokens when the rows bring more), so the weights are read once for all rows.
@@ -352,6 +370,7 @@ class LlamaCppBatch:
         self._rows: dict[int, int] = {}  # row -> its length
 
     def add_row(self) -> int:
+        self.reclaim()
         if len(self._rows) >= self.max_rows:
             raise full(self.max_rows)
         row = min(set(range(self.max_rows)) - set(self._rows))
@@ -366,6 +385,7 @@ class LlamaCppBatch:
         return self._rows[row]
 
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
+        self.reclaim()
         lib, ctx, batch = self._lib, self._context.ctx, self._context.batch
         out, tokens = {}, []  # tokens: (row, id, position, logits index or -1), in decode order
         for row, ids in feeds.items():

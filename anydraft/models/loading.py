@@ -86,9 +86,21 @@ def _save_atomically(obj, directory: Path) -> None:
         obj.save_pretrained(scratch)
 
 
-def _hub_error(source: ModelSource, exc: Exception) -> AnydraftError:
+def _load_error(source: ModelSource, exc: Exception) -> AnydraftError:
+    """Why ``source``'s files did not load, blaming where they are: the hub only for a hub id.
+    A GGUF's converted copy that does not load is damaged (a copy is put in place whole,
+    atomic.py), so the fix is to convert it again."""
+    why = f"{type(exc).__name__}: {exc}"
+    if source.gguf_file is not None:
+        return AnydraftError(
+            f"could not load {source.name!r} from its converted copy in {source.converted_dir} "
+            f"({why}): remove that folder and load again, which converts {source.gguf_file} anew")
+    if not source.hub:
+        return AnydraftError(f"could not load {source.name!r} from the directory {source.path} "
+                             f"({why}): it must hold a whole transformers model (what "
+                             "save_pretrained writes: config, weights, tokenizer)")
     return AnydraftError(
-        f"could not load {source.name!r} from the model hub ({type(exc).__name__}: {exc}). "
+        f"could not load {source.name!r} from the model hub ({why}). "
         "If this machine is offline, use a catalog model (`anydraft models list`), "
         "a local directory or a .gguf file."
     )
@@ -102,19 +114,19 @@ def load_tokenizer(spec: str):
     source = resolve(spec)
     if synthetic.is_spec(spec):
         return family_tokenizer(synthetic.parse(spec)[3]["tokenizer"])
+    path = source.path
     if source.gguf_file is not None:
-        tok_dir = source.converted_dir / "tokenizer"
-        if (tok_dir / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(tok_dir)
-        tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
-        _save_atomically(tok, tok_dir)
-        # read back what was saved: the first and every later load behave identically (the
-        # converted object and its saved form differ, e.g. in Qwen's NFC normalizer)
-        return AutoTokenizer.from_pretrained(tok_dir)
+        path = source.converted_dir / "tokenizer"
+        if not (path / "tokenizer_config.json").is_file():
+            tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+            _save_atomically(tok, path)
+        # read back what was saved (or what another process saved first): the first and every
+        # later load behave identically (the converted object and its saved form differ, e.g.
+        # in Qwen's NFC normalizer)
     try:
-        return AutoTokenizer.from_pretrained(source.path)
+        return AutoTokenizer.from_pretrained(path)
     except OSError as exc:
-        raise _hub_error(source, exc) from exc
+        raise _load_error(source, exc) from exc
 
 
 # a dtype name may end in the execution path it runs on: "+onednn" (oneDNN linear layers,
@@ -204,7 +216,7 @@ def _from_files(spec: str, source: ModelSource, torch_dtype, progress=None):
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except OSError as exc:
-        raise _hub_error(source, exc) from exc
+        raise _load_error(source, exc) from exc
 
 
 def load_model(spec: str, dtype="float32", device: str = "cpu", progress=None):

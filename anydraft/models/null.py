@@ -105,6 +105,7 @@ class NullBatch(RowLengths):
         self.lengths: dict[int, int] = {}
 
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
+        self.reclaim()
         out = {}
         for row, ids in feeds.items():
             wanted = rows_to_return(self.lengths[row], self.max_length, ids, rows[row])

@@ -38,6 +38,14 @@ class Session(Protocol):
     def rollback(self, n: int) -> None: ...
 
 
+def close_session(session) -> None:
+    """Free ``session``'s cache or row now, where it has one to free (``close()``; None, or a
+    session without it, keeps nothing to free: its cache goes with the object)."""
+    free = getattr(session, "close", None)
+    if free is not None:
+        free()
+
+
 # tokens read per call when the caller can cancel a long read (a prompt): small enough that a
 # long prompt on a CPU is abandoned within a fraction of a second, large enough to cost no speed
 PREFILL_CHUNK = 256

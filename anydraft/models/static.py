@@ -97,8 +97,15 @@ class StaticSession:
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             self.cache.early_initialization(1, config.num_key_value_heads, head_dim,
                                             compiled.head.weight.dtype, compiled.device)
-        weakref.finalize(self, compiled.spare.append, self.cache)  # back to the pool when done
+        # back to the pool when closed or collected (a list's append is safe from any thread)
+        self._free = weakref.finalize(self, compiled.spare.append, self.cache)
         self._length = 0
+
+    def close(self) -> None:
+        """Hand the cache to the next session now (`Generation.leave`); using the session
+        afterwards is an error."""
+        self._free()
+        self.cache = None
 
     def __len__(self) -> int:
         return self._length

@@ -2,7 +2,9 @@
 
 A winner holds on the machine that measured it (another machine's cost curves differ), so it
 lives in ``$ANYDRAFT_CACHE/scout/<machine key>/``, one file per target, next to the cost
-curves it was predicted from.
+curves it was predicted from. Whether huge pages were on is a field of the record
+(``hugepages``), not part of the key: `anydraft scout` runs with them, a program that imports
+anydraft may not, and it reads the same winner (`Machine.key`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def save(target: str, choice: dict) -> Path:
     from ..hardware import this_machine
 
     path = path_for(target)
-    record = {"target": target, "target_key": _target_key(target), "machine": this_machine().lines(),
-              "date": datetime.date.today().isoformat(), **choice}
+    machine = this_machine()
+    record = {"target": target, "target_key": _target_key(target), "machine": machine.lines(),
+              "hugepages": machine.hugepages, "date": datetime.date.today().isoformat(), **choice}
     write_text(path, json.dumps(record, indent=1) + "\n")
     return path
 

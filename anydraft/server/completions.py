@@ -103,7 +103,7 @@ async def _body(state: ServerState, request: Request, choices: Choices, chat: bo
         usages.append(usage)
         all_stats.append(stats)
         text = "".join(parts[index])
-        logprobs = None if out.logprobs is None else logprobs_json(state.decoder, out.logprobs, chat)[0]
+        logprobs = None if out.logprobs is None else logprobs_json(state.spellings, out.logprobs, chat)[0]
         if chat:
             body.append({"index": index, "message": {"role": "assistant", "content": text},
                          "logprobs": logprobs, "finish_reason": reason})
@@ -128,7 +128,7 @@ async def _events(state: ServerState, request: Request, req, choices: Choices, c
     def chunk(index: int, piece: str | None, reason=None, tokens=(), **extra) -> str:
         logprobs = None
         if tokens:  # log-probabilities of the piece's tokens
-            logprobs, offsets[index] = logprobs_json(state.decoder, tokens, chat, offsets[index])
+            logprobs, offsets[index] = logprobs_json(state.spellings, tokens, chat, offsets[index])
         if chat:
             delta = {} if piece is None else {"content": piece}
             if extra.pop("role", False):

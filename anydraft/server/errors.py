@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from ..errors import AnydraftError
 from .metrics import Metrics
-from .scheduler import DecodingFailed, SchedulerClosed
+from .scheduler import DecodingFailed, NoWorkers, SchedulerClosed
 
 log = logging.getLogger("anydraft.server")
 
@@ -62,6 +62,8 @@ def user_error(exc: BaseException, prompt_param: str | None = None) -> ApiError:
     if type(exc).__module__.startswith("jinja2"):  # the chat template refused the messages
         return ApiError(400, f"the chat template rejected the messages: {exc}", param="messages",
                         code="invalid_messages")
+    if isinstance(exc, NoWorkers):  # not worth a retry: a restart is what it needs
+        return ApiError(503, str(exc), type="server_error", code="no_workers")
     if isinstance(exc, SchedulerClosed):
         return ApiError(503, str(exc), type="server_error", code="shutting_down",
                         headers={"Retry-After": "5"})

@@ -8,15 +8,27 @@ from __future__ import annotations
 LOGPROB_FLOOR = -9999.0
 
 
-def logprobs_json(decoder, entries: list, chat: bool, offset: int = 0) -> tuple[dict, int]:
-    """``entries`` (`TokenLogprob`s of ``decoder``'s target) as OpenAI writes a choice's
-    ``logprobs``: chat's ``content`` list, or completions' parallel lists (``text_offset``
-    counted from ``offset`` characters); and the offset after them."""
+def spellings_of(decoder) -> tuple[bytes, ...]:
+    """Each of ``decoder``'s target token ids as logprobs spell it: its bytes, or a special
+    token's name (``<|im_end|>``, as its tokenizer gives it). Built once at start-up
+    (`ServerState.build`), before the workers start: the event loop then spells tokens without
+    a tokenizer, which a worker may be using (a Hugging Face tokenizer is not thread-safe)."""
     table, tokenizer = decoder.table, decoder.target.tokenizer
+    spelt = list(table.token_bytes)
+    for t in table.special_ids:
+        spelt[t] = (tokenizer.convert_ids_to_tokens(t) or "").encode()
+    return tuple(spelt)
+
+
+def logprobs_json(spellings: tuple[bytes, ...], entries: list, chat: bool,
+                  offset: int = 0) -> tuple[dict, int]:
+    """``entries`` (`TokenLogprob`s of the target whose tokens ``spellings`` spells,
+    `spellings_of`) as OpenAI writes a choice's ``logprobs``: chat's ``content`` list, or
+    completions' parallel lists (``text_offset`` counted from ``offset`` characters); and the
+    offset after them. An id past the vocabulary (padded logits) is spelt as nothing."""
 
     def token(t: int) -> tuple[str, list[int]]:
-        special = t >= len(table.token_bytes) or t in table.special_ids
-        spelt = (tokenizer.convert_ids_to_tokens(t) or "").encode() if special else table.token_bytes[t]
+        spelt = spellings[t] if t < len(spellings) else b""
         return spelt.decode("utf-8", errors="replace"), list(spelt)
 
     def logprob(value: float) -> float:

@@ -66,11 +66,14 @@ async def models(request: Request):
 async def health(request: Request):
     state = server_of(request)
     scheduler, config = state.scheduler, state.config
-    body = {"status": "ok" if scheduler.taking else "shutting down"}
+    # degraded: a worker died or cannot make its rows (`Scheduler.faults`); the others serve
+    faults = scheduler.faults
+    body = {"status": "shutting down" if not scheduler.taking else "degraded" if faults else "ok"}
     if request.scope["state"].get("authorized"):  # no --api-key, or the key was sent
         body |= {
             "model": config.model_id, "waiting": scheduler.waiting, "active": scheduler.active,
             "workers": len(state.decoders), "max_batch": config.max_batch,
+            "faults": faults,  # worker -> what is wrong with it, in the log with its traceback
             "target_path": state.decoder.target.path,  # how the target runs: "torch bfloat16", ...
             "exact": state.decoder.target.exact,  # greedy output identical to plain decoding (--exact)
             # why, where --exact auto chose (hardware/exact_cost.py); None where --exact on/off
@@ -81,6 +84,8 @@ async def health(request: Request):
             "cost_curve": {str(m): s for m, s in sorted(state.decoder.estimates.costs.profile.items())}}
     if not scheduler.taking:  # a load balancer takes a draining server out of rotation
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+    if not scheduler.alive:  # and one that no worker is left to serve: it needs a restart
+        return JSONResponse(body, status_code=503)
     return body
 
 

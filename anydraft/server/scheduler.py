@@ -11,6 +11,11 @@ candidates in one target call where the backend batches (models/batch.py). The w
 back to the event loop through the job's asyncio queue; the handler sets `job.cancelled` when
 its client goes away, and the decoding loop asks `job.stop_reason` between prompt chunks and
 before every step, so the row is free again within one chunk or step.
+
+A worker survives whatever fails in it (issue 61): a step's shared call, making its batch's
+rows, reporting a generation's news; the jobs concerned end with `DecodingFailed`, and the
+worker goes on. What still kills one (a bug in this file) is recorded for /health (`faults`),
+and the jobs it held fail rather than hang.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +54,10 @@ class SchedulerClosed(Exception):
     pass
 
 
+class NoWorkers(SchedulerClosed):
+    """Every worker thread has died (`Scheduler.faults` says why): no job can run any more."""
+
+
 class DecodingFailed(Exception):
     """A step failed after the request was accepted: the server's fault (500), not the request's.
     Its ``__cause__`` is what failed, so the log line of the 500 carries that traceback."""
@@ -71,7 +81,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
+    started_at: float | None = None  # perf_counter time a worker took it
     deadline: float | None = None  # perf_counter time after which the generation stops
 
     def stop_reason(self) -> str | None:
@@ -91,8 +101,14 @@ class Job:
 
 
 class Scheduler:
+    """``snapshot(decoder)``, where given, is what each worker hands over of its decoder
+    between steps (its learned statistics, which its steps change: server/state.py):
+    ``snapshots[i]`` is worker i's latest, whole whatever the worker is doing when it is read,
+    even if it is stuck in a step that outlived `close`."""
+
     def __init__(self, decoders: list, max_queue: int, max_per_client: int | None = None,
-                 max_batch: int = 1, min_read: int = SETTINGS.min_prefill):
+                 max_batch: int = 1, min_read: int = SETTINGS.min_prefill,
+                 snapshot: Callable | None = None):
         if not decoders:
             raise ValueError("need at least one decoder")
         if max_batch < 1:
@@ -105,12 +121,20 @@ class Scheduler:
         self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
         self._waiting = 0
         self._active = 0
-        self._running: set[Job] = set()  # jobs a worker took and has not ended
+        self._running: dict[Job, str] = {}  # jobs a worker took and has not ended -> its name
+        # worker name -> what keeps it from serving (it died, or cannot make its rows)
+        self._faults: dict[str, str] = {}
+        self._dead: set[str] = set()  # workers whose thread ended on an error
         self._taking = True  # False once draining (`stop_taking`) or closed
         self._closed = False
         self._mean_seconds = 1.0  # running mean of job duration, for Retry-After
+        self._snapshot = snapshot
+        # taken here, before the workers start: a worker that never steps hands over what it
+        # was seeded with
+        self.snapshots = [None if snapshot is None else snapshot(dec) for dec in decoders]
         self._threads = [
-            threading.Thread(target=self._worker, args=(dec,), name=f"anydraft-worker-{i}", daemon=True)
+            threading.Thread(target=self._worker, args=(i, dec), name=f"anydraft-worker-{i}",
+                             daemon=True)
             for i, dec in enumerate(decoders)
         ]
 
@@ -126,6 +150,18 @@ class Scheduler:
     def taking(self) -> bool:
         """Whether `submit` takes new jobs (False while the server drains, and once closed)."""
         return self._taking
+
+    @property
+    def faults(self) -> dict[str, str]:
+        """Worker name -> what is wrong with it: it died, or it cannot make its batch's rows
+        (each job it takes fails until it can). Empty while every worker serves."""
+        with self._cond:
+            return dict(self._faults)
+
+    @property
+    def alive(self) -> int:
+        """Workers whose thread has not died (`_died`)."""
+        return len(self._threads) - len(self._dead)
 
     def start(self) -> None:
         for t in self._threads:
@@ -143,7 +179,7 @@ class Scheduler:
         with self._cond:
             self._taking, self._closed = False, True
             queued = [job for q in self._queues.values() for job in q]
-            running, self._running = list(self._running), set()
+            running, self._running = list(self._running), {}
             self._queues.clear()
             self._waiting = 0
             self._cond.notify_all()
@@ -169,6 +205,8 @@ class Scheduler:
         with self._cond:
             if not self._taking:
                 raise SchedulerClosed("server is shutting down")
+            if not self.alive:
+                raise NoWorkers("no worker is running (the server log says why): restart the server")
             client, n = jobs[0].client, len(jobs)
             queued = len(self._queues.get(client, ()))
             busy = self._waiting + self._active + n > self.rows
@@ -202,13 +240,26 @@ class Scheduler:
         self._waiting -= 1
         return job
 
-    def _worker(self, decoder) -> None:
+    def _worker(self, index: int, decoder) -> None:
+        """A worker's life: `_serve` until closed. What escapes `_serve` is a bug (it survives
+        every failure of a step, of making rows, of a report): the worker is recorded as dead,
+        with why (`faults`: /health says degraded), and the jobs it held fail; once no worker
+        is left, so do the queued jobs, and `submit` refuses new ones (`NoWorkers`)."""
+        try:
+            self._serve(index, decoder)
+        except BaseException as exc:  # noqa: BLE001 - recorded and logged, never silent
+            self._died(exc)
+
+    def _serve(self, index: int, decoder) -> None:
+        """Take jobs and step their generations together until closed. Where the batch's rows
+        cannot be made, the jobs taken fail and the rows are made again for the next job (a
+        worker that cannot allocate waits for work: it does not spin)."""
         from ..decoding import Batch
 
-        def new_rows():  # a batch of one runs on a session of its own: `Decoder.generate`'s path
-            return decoder.new_rows(self.max_batch) if self.max_batch > 1 else None
-
-        rows, batch, jobs = new_rows(), Batch(self.min_read), {}
+        name = threading.current_thread().name
+        batch, jobs = Batch(self.min_read), {}
+        rows = self._new_rows(decoder)  # an exception: they could not be made
+        hand_over = self._snapshot is not None
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not batch:
@@ -218,50 +269,128 @@ class Scheduler:
                 taken = []
                 while self._waiting and len(batch) + len(taken) < self.max_batch:
                     taken.append(self._next_job())
-                    self._running.add(taken[-1])
+                    taken[-1].started_at = time.perf_counter()
+                    self._running[taken[-1]] = name
                     self._active += 1
+            if taken and isinstance(rows, BaseException):
+                rows = self._new_rows(decoder)
             for job in taken:
-                self._begin(decoder, rows, job, batch, jobs)
-            if not batch:
-                continue
-            try:
-                news = batch.run_once()
-            except BaseException as exc:  # noqa: BLE001 - a step must never take the worker down
-                # a shared call failed (a row's own failure ends that row alone, in `news`):
-                # every row of it fails, and the batch starts afresh. The generations that had
-                # ended before the call (not in the batch any more) are reported as they ended
-                batch.clear()
-                for generation, job in list(jobs.items()):
-                    if generation.done:  # finished, or failed alone
-                        generation.leave()
-                        self._report(generation, True, jobs)
-                    else:
-                        del jobs[generation]
-                        self._end(job, "error", DecodingFailed.of(exc))
-                rows = new_rows()
-                continue
-            for generation, done in news:
-                self._report(generation, done, jobs)
+                if isinstance(rows, BaseException):
+                    self._end(job, "error", DecodingFailed.of(rows))
+                else:
+                    self._begin(decoder, rows, job, batch, jobs)
+            if batch and not self._step(batch, jobs):
+                rows = None  # the failed batch's rows go before new ones are made
+                rows = self._new_rows(decoder)
+            hand_over = hand_over and self._hand_over(index, decoder)
+
+    def _new_rows(self, decoder):
+        """The rows of this worker's batch (None for a batch of one: it runs on a session of its
+        own, `Decoder.generate`'s path), or the exception that making them raised, logged and
+        recorded in `faults` until they are made."""
+        name = threading.current_thread().name
+        try:
+            rows = decoder.new_rows(self.max_batch) if self.max_batch > 1 else None
+        except BaseException as exc:  # noqa: BLE001 - the jobs fail, not the worker
+            traceback.clear_frames(exc.__traceback__)  # what it had made goes now
+            log.error("%s could not make its batch's rows: each job it takes fails until it can",
+                      name, exc_info=exc)
+            with self._cond:
+                self._faults[name] = f"cannot make its batch's rows: {type(exc).__name__}: {exc}"
+            return exc
+        with self._cond:
+            self._faults.pop(name, None)
+        return rows
+
+    def _step(self, batch, jobs: dict) -> bool:
+        """One step of ``batch``, its news reported; False where its shared call failed
+        (`_fail_step`; a row's own failure ends that row alone, in the news)."""
+        try:
+            news = batch.run_once()
+        except BaseException as exc:  # noqa: BLE001 - a step must never take the worker down
+            # in a frame of its own: this one is in exc's traceback, and its loop's last
+            # generation (and that generation's rows) would outlive the step with it
+            self._fail_step(exc, batch, jobs)
+            return False
+        for generation, done in news:
+            self._report(generation, done, jobs)
+        return True
+
+    def _fail_step(self, exc: BaseException, batch, jobs: dict) -> None:
+        """``batch``'s shared call failed with ``exc``: every row of it fails, and the batch
+        starts afresh; the generations that had ended before the call (not in the batch any
+        more) are reported as they ended. The failure's frames are cleared: they hold the
+        failed batch's buffers, which must go before the worker makes new ones (its traceback
+        still shows where it failed, in the log line of each job's 500)."""
+        traceback.clear_frames(exc.__traceback__)
+        batch.clear()
+        for generation, job in list(jobs.items()):
+            if generation.done:  # finished, or failed alone
+                generation.leave()
+                self._report(generation, True, jobs)
+            else:
+                del jobs[generation]
+                self._end(job, "error", DecodingFailed.of(exc))
+
+    def _hand_over(self, index: int, decoder) -> bool:
+        """Between steps, while nothing changes it: ``snapshot(decoder)`` replaces worker
+        ``index``'s last (one reference stored: a reader gets the last one or this one, each
+        whole). False where taking it failed (logged once: the last one stands)."""
+        try:
+            self.snapshots[index] = self._snapshot(decoder)
+        except BaseException as exc:  # noqa: BLE001 - the statistics are not worth a worker
+            log.error("%s could not take a snapshot of its statistics: its last one stands",
+                      threading.current_thread().name, exc_info=exc)
+            return False
+        return True
+
+    def _died(self, exc: BaseException) -> None:
+        """The calling worker's thread ends on ``exc``: recorded, and its jobs fail (and the
+        queued ones, if it was the last)."""
+        name = threading.current_thread().name
+        log.error("%s died: no job runs on it any more (restart the server)", name, exc_info=exc)
+        with self._cond:
+            self._dead.add(name)
+            self._faults[name] = f"died: {type(exc).__name__}: {exc}"
+            held = [job for job, worker in self._running.items() if worker == name]
+            queued = [] if self.alive else [job for q in self._queues.values() for job in q]
+            if queued:
+                self._queues.clear()
+                self._waiting = 0
+        for job in held:
+            self._end(job, "error", DecodingFailed.of(exc))
+        for job in queued:
+            job.emit("error", DecodingFailed.of(exc))
 
     def _report(self, generation, done: bool, jobs: dict) -> None:
-        """Send ``generation``'s news to its job: new text, and, once ``done``, how it ended."""
-        job = jobs[generation]
-        if generation.error is not None:
-            del jobs[generation]
-            return self._end(job, "error", DecodingFailed.of(generation.error))
-        piece = generation.piece()  # once done: all that is left
-        # a step that showed no text goes out with the next piece; the last ones, if they
-        # showed none, with a piece of no text (its steps, for the final chunk)
-        if piece.text or (done and piece.steps):
-            job.emit("delta", piece)
-        if done:
-            _, output = generation.result()
-            del jobs[generation]
-            self._end(job, "cancelled" if output.finish_reason == "cancelled" else "done", output)
+        """Send ``generation``'s news to its job: new text, and, once ``done``, how it ended.
+        What fails here (rendering its text, say) ends that job alone with `DecodingFailed`,
+        and its generation with it (its batch drops it at the next step)."""
+        job = jobs.get(generation)
+        if job is None:  # its report failed before: its job has ended
+            return
+        try:
+            if generation.error is not None:
+                ending = "error", DecodingFailed.of(generation.error)
+            else:
+                piece = generation.piece()  # once done: all that is left
+                # a step that showed no text goes out with the next piece; the last ones, if
+                # they showed none, with a piece of no text (its steps, for the final chunk)
+                if piece.text or (done and piece.steps):
+                    job.emit("delta", piece)
+                if not done:
+                    return
+                _, output = generation.result()
+                ending = "cancelled" if output.finish_reason == "cancelled" else "done", output
+        except BaseException as exc:  # noqa: BLE001 - this job's failure, not the worker's
+            if not generation.done:
+                generation.fail(exc)
+            ending = "error", DecodingFailed.of(exc)
+        del jobs[generation]
+        self._end(job, *ending)
 
     def _begin(self, decoder, rows, job: Job, batch, jobs: dict) -> None:
         """Start ``job``'s generation in ``batch`` (or report why not)."""
-        job.started_at = time.perf_counter()
         if job.cancelled.is_set():
             return self._end(job, None)
         try:
@@ -279,6 +408,6 @@ class Scheduler:
             job.emit(kind, payload)
         elapsed = time.perf_counter() - job.started_at
         with self._cond:
-            self._running.discard(job)
+            self._running.pop(job, None)
             self._active -= 1
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from .. import learned
 from .config import ServerConfig
 from .connections import Connections
+from .logprobs import spellings_of
 from .metrics import Metrics
 from .scheduler import Scheduler, fair_share
 from .workers import save_stats
@@ -32,19 +34,24 @@ class ServerState:
     scheduler: Scheduler
     metrics: Metrics
     connections: Connections  # its `protocol()` is what uvicorn runs (cli.py)
+    # the target's tokens as logprobs spell them: the event loop's own, no worker's tokenizer
+    spellings: tuple[bytes, ...]
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
 
     @classmethod
     def build(cls, decoders: list, config: ServerConfig) -> ServerState:
+        # --stats: each worker hands over a copy of what it learned between steps, the one
+        # consistent view of statistics its steps change (`save_stats` writes the best)
+        snapshot = (lambda decoder: learned.snapshot(decoder.estimates)) if config.stats else None
         scheduler = Scheduler(decoders, config.max_queue, config.max_queued_per_client,
-                              config.max_batch, config.min_read)
+                              config.max_batch, config.min_read, snapshot)
         per_client = config.max_connections_per_client
         connections = Connections(
             config.max_connections,
             fair_share(config.max_connections) if per_client is None else per_client,
             config.head_timeout, config.trusted_proxies)
         metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
-        return cls(decoders, config, scheduler, metrics, connections)
+        return cls(decoders, config, scheduler, metrics, connections, spellings_of(decoders[0]))
 
     @property
     def decoder(self):
@@ -64,7 +71,8 @@ class ServerState:
         finally:
             await asyncio.to_thread(self.scheduler.close)
             if self.config.stats:
-                await asyncio.to_thread(save_stats, self.decoders, self.config.stats)
+                await asyncio.to_thread(save_stats, self.decoders, self.scheduler.snapshots,
+                                        self.config.stats)
 
     async def drain(self) -> None:
         """Stop taking requests (503 with Retry-After), let the accepted ones finish for up to

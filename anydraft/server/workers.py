@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import logging
 import os
 from pathlib import Path
 
 from ..planning.settings import SETTINGS
+
+log = logging.getLogger("anydraft.server")
 
 
 def build_decoders(args) -> list:
@@ -98,20 +101,25 @@ def seed_stats(decoders: list, path: str | None) -> None:
     progress(f"stats: {seeded}")
 
 
-def save_stats(decoders: list, path: str) -> None:
-    """``--stats`` at shutdown: the statistics of the worker that learned the most (workers
-    learn apart) replace ``path`` atomically. Of several servers or replicas sharing one
-    file, the last to stop wins."""
-    from ..learned import observations
+def save_stats(decoders: list, snapshots: list[dict], path: str) -> None:
+    """``--stats`` at shutdown: of the statistics each worker last handed over between steps
+    (`Scheduler.snapshots`: whole even while a worker is still in a step, its join timed
+    out), those of the worker that learned the most (workers learn apart) replace ``path``
+    atomically. Of several servers or replicas sharing one file, the last to stop wins. A
+    failure is reported, never raised: the shutdown goes on."""
+    from .. import learned
     from ..options import progress
 
-    dec = max(decoders, key=lambda d: observations(d.estimates))
+    best = max(range(len(decoders)), key=lambda i: learned.observations(snapshots[i]))
     try:
-        dec.save_stats(path)
+        learned.save(decoders[best], path, snapshots[best])
     except OSError as exc:
         progress(f"stats: could not write {path}: {exc}")
         return
-    progress(f"stats: wrote {path} ({observations(dec.estimates)} observations)")
+    except Exception as exc:  # noqa: BLE001 - a bug loses the statistics, not the shutdown
+        log.error("stats: could not write %s", path, exc_info=exc)
+        return
+    progress(f"stats: wrote {path} ({learned.observations(snapshots[best])} observations)")
 
 
 def target_rows(args) -> int:

@@ -142,6 +142,20 @@ def test_auto_uses_the_saved_winner_and_says_so(scout_dir, tiny_pair):
         auto_drafter(object(), None)
 
 
+def test_a_winner_saved_with_huge_pages_is_found_without(tmp_path, monkeypatch, tiny_pair,
+                                                         started_with_hugepages):
+    """`anydraft scout` runs with huge pages (the command starts itself again with them), a
+    program that imports anydraft may not: the winner was saved under a machine key that held
+    the state, and `Decoder(drafter="auto")` then found "no scout result" (issue 61)."""
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))  # the real `saved.path_for`, keyed
+    target, drafter = tiny_pair
+    started_with_hugepages(True)
+    path = saved.save(target, {"drafter": drafter, "drafter_backend": "torch", "method": "slem"})
+    started_with_hugepages(False)
+    assert auto_drafter(target, None) == (drafter, "torch")
+    assert json.loads(path.read_text())["hugepages"] is True  # the state it was measured in
+
+
 # -- bad input -------------------------------------------------------------------------------
 def _scout(args, capsys):
     rc = main(["scout", *args])
@@ -213,14 +227,18 @@ def test_scout_finishes_within_its_budget(real_scout):
 def test_scout_report_covers_both_pairs(real_scout):
     _, _, report, _ = real_scout
     rows = {r["label"]: r for r in report["candidates"]}
+    measured = 0
     for drafter in DRAFTERS:
         slem = rows[f"slem <- {drafter} (llamacpp)"]
         if slem["status"] == "measured":
+            measured += 1
             assert 0 <= slem["a"] <= 1 and slem["c"] > 0 and slem["a_per_position"]
             assert slem["overlap"] is not None and 0 < slem["overlap"] < 1
             assert len(slem["predicted_by_k"]) == K and slem["predicted"] == max(slem["predicted_by_k"])
         else:  # a budget that ran out is said, not hidden
             assert slem["status"].startswith("not measured")
+    # the budget is about three times a quiet run's: one that measured no pair checked nothing
+    assert measured >= 1, [rows[f"slem <- {d} (llamacpp)"]["status"] for d in DRAFTERS]
     assert rows["lookup"]["c"] == 0  # copies cost no drafter pass
     assert report["target"]["verify_costs"][0] >= 0.5
     assert all(r["why"] for r in report["candidates"])

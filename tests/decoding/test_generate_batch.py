@@ -440,3 +440,46 @@ def test_n_completions_of_each_prompt_are_rows_of_one_batch(decoders, method, mo
     assert len({tuple(o.token_ids) for o in outs[:3]}) == 3  # distinct streams
     with pytest.raises(AnydraftError, match="n must be a positive integer"):
         decoder.generate_batch(PROMPTS, 5, n=0)
+
+
+
+@pytest.mark.parametrize("fails", ["method", "drafter"])
+def test_a_request_that_fails_to_start_gives_its_rows_back(decoders, fails, monkeypatch):
+    """A generation whose method or drafter cannot be made leaves no row taken, without
+    waiting for the garbage collector (issue 61: its rows stayed taken, and a full batch
+    answered "all rows are taken")."""
+    import gc
+
+    from anydraft.decoding import Batch
+    from anydraft.methods import pairing
+
+    decoder = decoders["sd"]
+    rows = decoder.new_rows(1)
+    broken = {"method": (decoder, "_method_factory"), "drafter": (pairing, "Drafter")}[fails]
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("cannot start")
+
+    gc.disable()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(*broken, fail)
+            if fails == "method":
+                with pytest.raises(RuntimeError, match="cannot start"):
+                    decoder.start(PROMPTS[0], 4, rows=rows, chat=False)
+            else:  # the drafter starts once the prompt is read: the generation fails alone
+                generation, batch = decoder.start(PROMPTS[0], 4, rows=rows, chat=False), Batch()
+                batch.join(generation)
+                while batch:
+                    batch.run_once()
+                with pytest.raises(RuntimeError, match="cannot start"):
+                    generation.result()
+        assert not rows.target.lengths and not rows.drafter.lengths
+    finally:
+        gc.enable()
+    generation = decoder.start(PROMPTS[0], 4, rows=rows, chat=False)
+    batch = Batch()
+    batch.join(generation)
+    while batch:
+        batch.run_once()
+    assert generation.result()[1].token_ids == decoder.generate(PROMPTS[0], 4, chat=False).token_ids

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from anydraft.decoding import DecodeState, Finish, Generation, Stats, decode_batch
-from anydraft.decoding.logprobs import token_logprobs
+from anydraft.decoding.logprobs import TokenLogprob, token_logprobs
 from anydraft.methods.ar import Autoregressive
 from anydraft.sampling import SamplingParams
 
@@ -31,8 +31,23 @@ def assert_logprobs_equal(got, want, tol):
     for g, w in zip(got, want, strict=True):
         assert math.isfinite(g.logprob) and abs(g.logprob - w.logprob) <= tol, (g, w)
         assert len(g.top) == len(w.top)
+        wanted = dict(w.top)
         for (gi, gv), (wi, wv) in zip(g.top, w.top, strict=True):
-            assert abs(gv - wv) <= tol and (gi == wi or abs(gv - wv) <= tol), (g.top, w.top)
+            assert abs(gv - wv) <= tol, (g.top, w.top)
+            # the same alternative at each rank, but two that tie (within tol) may swap, and
+            # one left out may tie the last one kept: its log-probability is wanted's there
+            assert gi == wi or abs(wanted.get(gi, w.top[-1][1]) - gv) <= tol, (g.top, w.top)
+
+
+def test_the_comparison_tells_a_wrong_alternative_from_a_tie():
+    """`assert_logprobs_equal` once passed whatever ids the alternatives had (issue 61)."""
+    want = [TokenLogprob(0, -0.5, [(0, -0.5), (1, -1.0), (2, -2.0)])]
+    with pytest.raises(AssertionError):  # 1 and 2 swapped, their log-probabilities not
+        assert_logprobs_equal([TokenLogprob(0, -0.5, [(0, -0.5), (2, -1.0), (1, -2.0)])], want, 1e-12)
+    ties = [TokenLogprob(0, -0.5, [(0, -0.5), (1, -1.0), (2, -1.0)])]
+    assert_logprobs_equal([TokenLogprob(0, -0.5, [(0, -0.5), (2, -1.0), (1, -1.0)])], ties, 1e-12)
+    # an alternative left out of the reference, tied with its last
+    assert_logprobs_equal([TokenLogprob(0, -0.5, [(0, -0.5), (1, -1.0), (3, -2.0)])], want, 1e-12)
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_k=4),

@@ -1,6 +1,7 @@
 """`anydraft doctor --batch` (hardware/batched.py): batched calls timed at a fixed context, the
 ratio to the one-sequence curve, the `--max-batch auto` rule on either, the cache, the CLI."""
 
+import dataclasses
 import json
 
 import pytest
@@ -135,6 +136,19 @@ def test_the_cache_is_per_machine_and_per_model_and_keeps_the_context(tmp_path, 
     assert batched.cached("m|torch|float32|cpu", AVX512_BF16) == ({(1, 1): 0.2}, 100)
     names = sorted(p.name for p in (tmp_path / "profiles").iterdir())
     assert names == [f"{AVX512_BF16.key}.batched.json"]  # beside the curves' file, not in it
+
+
+def test_batched_calls_measured_with_huge_pages_are_found_without(tmp_path, monkeypatch):
+    """Found whichever way the process was started (the huge-page state is not in the machine's
+    key, issue 61); an entry holds calls measured one way only."""
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))
+    with_pages = dataclasses.replace(AVX512_BF16, hugepages=True)
+    batched.save("m|torch|float32|cpu", {(1, 1): 0.1, (2, 1): 0.15}, 200, with_pages)
+    assert batched.cached("m|torch|float32|cpu", AVX512_BF16) == ({(1, 1): 0.1, (2, 1): 0.15}, 200)
+    batched.save("m|torch|float32|cpu", {(1, 1): 0.11}, 200, AVX512_BF16)  # the other way: replaced
+    assert batched.cached("m|torch|float32|cpu", with_pages) == ({(1, 1): 0.11}, 200)
+    entry = json.loads(batched._path(AVX512_BF16).read_text())["batched"]["m|torch|float32|cpu"]
+    assert entry["hugepages"] is False
 
 
 def test_doctor_batch_on_a_tiny_model(tmp_path, monkeypatch, capsys):

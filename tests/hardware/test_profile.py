@@ -2,6 +2,7 @@
 machine, and the choice follows the measured curves (never a constant)."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -61,6 +62,22 @@ def test_curves_are_cached_per_machine(tmp_path, monkeypatch):
     assert profile.cached("m|torch|float32|cpu", AVX512_BF16) == {1: 0.1, 9: 0.2}
     assert profile.cached("m|torch|float32|cpu", other) is None  # measured elsewhere: not reused
     assert profile.cached("m|torch|bfloat16|cpu", AVX512_BF16) is None
+
+
+def test_huge_pages_are_a_field_of_each_entry_not_part_of_the_key(tmp_path, monkeypatch):
+    """The `anydraft` command starts itself again with huge pages, a program that imports
+    anydraft may not: with the state in the machine's key, each missed every curve the other
+    had measured on the same machine (issue 61)."""
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))
+    with_pages = dataclasses.replace(AVX512_BF16, hugepages=True)
+    assert with_pages.key == AVX512_BF16.key
+    profile.save("m|torch|float32|cpu", {1: 0.1, 9: 0.2}, with_pages)
+    profile.store("m|torch|float32|cpu", {"cost": 0.02}, "exact", AVX512_BF16)
+    assert profile.cached("m|torch|float32|cpu", AVX512_BF16) == {1: 0.1, 9: 0.2}
+    assert profile.entry("m|torch|float32|cpu", "exact", with_pages) == {"cost": 0.02}
+    data = json.loads(profile._path(AVX512_BF16).read_text())
+    assert data["curves"]["m|torch|float32|cpu"]["hugepages"] is True  # as each was measured
+    assert data["exact"]["m|torch|float32|cpu"]["hugepages"] is False
 
 
 def test_tests_measure_into_a_cache_of_their_own_and_find_the_installed_models(session_cache,

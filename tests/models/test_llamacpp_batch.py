@@ -137,6 +137,42 @@ def test_a_finished_batchs_context_serves_the_next_batch_of_its_shape(model):
 
 
 @pytest.mark.real
+def test_a_batch_made_while_another_is_held_leaves_one_pool(model):
+    """A server's worker makes its batch again after a failed step while the failed one is
+    still held (by the traceback): when that one goes, its context is freed, not kept beside
+    the new one for good (issue 61)."""
+    failed = new_batch(model, max_rows=2)
+    old = failed._context
+    again = new_batch(model, max_rows=2)
+    del failed
+    assert old.ctx is None and not [shape for shape in model._spare if shape[0] > 1]
+    kept = again._context
+    del again
+    assert kept.ctx is not None and model._spare[(2, kept.cells)] == [kept]
+
+
+@pytest.mark.real
+def test_a_row_view_collected_on_another_thread_leaves_the_cache_to_its_owner(model):
+    """A row's view dropped on another thread (the event loop, another worker) only queues its
+    row: the batch's own thread cuts it out of the cache at its next call, never while it may
+    be decoding (issue 61)."""
+    import gc
+    import threading
+
+    from anydraft.models.batch import RowView
+
+    batch = new_batch(model, max_rows=2)
+    views = [RowView(batch)]
+    views[0].feed(IDS[:8])
+    row = views[0].row
+    thread = threading.Thread(target=lambda: (views.pop(), gc.collect()))
+    thread.start()
+    thread.join()
+    assert not views and last_position(batch, row) == 7  # still there: not the other thread's to cut
+    assert batch.add_row() == row and emptied(batch, row)  # the owner's next call cut it
+
+
+@pytest.mark.real
 def test_a_batch_holds_max_rows(model):
     batch = new_batch(model, max_rows=2)
     assert [batch.add_row(), batch.add_row()] == [0, 1]

@@ -3,10 +3,12 @@ exactly a session of its own (`check_rows`), other rows and stale positions neve
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from anydraft.models.rows import TorchBatch, batchable
+from anydraft.models.rows import MIN_CAPACITY, TorchBatch, batchable
 from anydraft.models.session import HFSession
 from tests.helpers import tiny_llama
 from tests.models.test_batch import IDS, check_rows, same
@@ -47,16 +49,17 @@ def test_a_call_computes_only_the_tokens_fed(model):
 def test_padding_and_stale_positions_never_leak(model):
     """A 5-token row beside a 500-token one in one call (the issue's padding case: a packed call
     pads nothing, but each row must still attend to its own positions only), after the cache
-    was filled with huge values where nothing real was written yet."""
+    was filled with huge values where nothing real is left."""
     batch = TorchBatch(model, max_rows=2)
     short, long_ = batch.add_row(), batch.add_row()
     prompt = [(7 * i + 11) % 290 + 3 for i in range(500)]
-    batch.feed_rows({long_: prompt[:300]}, {long_: 1})  # the cache exists: now poison it
-    with torch.inference_mode():
+    batch.feed_rows({long_: prompt[:300], short: IDS[:3]}, {long_: 1, short: 1})
+    with torch.inference_mode():  # the caches exist: now poison the short row's
         for layer in batch.cache.layers:
             layer.keys[short].fill_(1e4)
             layer.values[short].fill_(1e4)
     batch.rollback(long_, 0)
+    batch.rollback(short, 0)
     got = batch.feed_rows({short: IDS[:5], long_: prompt}, {short: 5, long_: 3})
     same(got[short], HFSession(model).feed(IDS[:5], 5))
     same(got[long_], HFSession(model).feed(prompt, 3))
@@ -79,3 +82,68 @@ def test_models_a_batch_cannot_run_are_left_to_the_serial_batch():
     scaled = tiny_llama(300)
     scaled.config.logits_scaling = 4.0
     assert not batchable(scaled)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_calls_of_other_threads_in_the_middle_of_a_packed_call_change_nothing(exact):
+    """Server workers share one model: another worker's call (a batch's or a session's) that
+    runs while a packed call is between two layers changes neither call's logits (issue 61: the
+    attention implementation was switched per call and switched back under the other one)."""
+    model = tiny_llama(300, max_positions=1024)
+    outer, inner = TorchBatch(model, max_rows=2, exact=exact), TorchBatch(model, max_rows=1, exact=exact)
+    a, b, c = outer.add_row(), outer.add_row(), inner.add_row()
+    outer.feed_rows({a: IDS[:5], b: IDS[3:6]}, {a: 1, b: 1})
+    feeds, wanted = {a: IDS[5:9], b: IDS[6:7]}, {a: 4, b: 1}
+    alone = outer.feed_rows(feeds, wanted)
+    inner_alone = inner.feed_rows({c: IDS[:7]}, {c: 7})[c]
+    session_alone = HFSession(model).feed(IDS[:6], 6)
+    for row, ids in feeds.items():
+        outer.rollback(row, outer.length(row) - len(ids))
+    inner.rollback(c, 0)
+
+    seen = {}
+
+    def others():
+        seen["inner"] = inner.feed_rows({c: IDS[:7]}, {c: 7})[c]
+        seen["session"] = HFSession(model).feed(IDS[:6], 6)
+
+    def another_thread(module, args, output):  # runs, and ends, after the outer call's first layer
+        if not seen:
+            seen["started"] = True
+            thread = threading.Thread(target=others)
+            thread.start()
+            thread.join()
+
+    hook = model.get_decoder().layers[0].register_forward_hook(another_thread)
+    try:
+        got = outer.feed_rows(feeds, wanted)
+    finally:
+        hook.remove()
+    assert seen
+    for row in feeds:
+        assert torch.equal(got[row], alone[row])
+    assert torch.equal(seen["inner"], inner_alone)
+    assert torch.equal(seen["session"], session_alone)
+
+
+def test_a_long_row_costs_the_other_rows_no_memory():
+    """A 32k-token prompt in one row of a 16-row batch: each row's cache holds at most twice its
+    own length (the long row: at most its window), and a row that leaves frees its own (issue 61:
+    every row was sized to the longest, and never shrunk)."""
+    window = 32768
+    model = tiny_llama(300, max_positions=window)
+    batch = TorchBatch(model, max_rows=16)
+    rows = [batch.add_row() for _ in range(16)]
+    long_, short = rows[0], rows[1:]
+    batch.feed_rows({r: IDS[:5] for r in short}, {r: 1 for r in short})
+    prompt = [(7 * i + 11) % 290 + 3 for i in range(window - 1)]
+    for start in range(0, len(prompt), 2048):
+        batch.feed_rows({long_: prompt[start:start + 2048]}, {long_: 1})
+
+    def positions(row):
+        return {layer.keys[row].shape[2] for layer in batch.cache.layers}
+
+    assert positions(long_) == {window}
+    assert all(positions(r) == {MIN_CAPACITY} for r in short)
+    batch.remove_row(long_)
+    assert all(long_ not in layer.keys and long_ not in layer.values for layer in batch.cache.layers)

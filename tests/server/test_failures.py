@@ -9,6 +9,7 @@ import re
 import threading
 
 import httpx
+import pytest
 
 from tests.server.conftest import chat_body, scrape_total, wait_for
 
@@ -120,3 +121,50 @@ def test_a_row_that_fails_ends_alone_and_the_others_of_its_batch_go_on(make_deco
         assert results[i][-1] == "[DONE]", results[i][-3:]
         last = json.loads(results[i][-2])
         assert last["choices"][0]["finish_reason"] == "length", last
+
+
+def test_health_is_degraded_while_a_worker_cannot_make_its_rows(make_decoder, serve):
+    """Issue 61: a worker whose batch's rows could not be made (a llama.cpp context that does
+    not fit) died, later requests hung, and /health said ok."""
+    dec = make_decoder()
+
+    def new_rows(max_rows):
+        raise MemoryError("failed to allocate the KV cache")
+
+    dec.new_rows = new_rows
+    base = serve([dec], max_batch=2)
+    for _ in range(2):  # each request fails; the worker tries again for each
+        r = httpx.post(base + CHAT, json=chat_body(), timeout=15)
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error", r.text
+    health = httpx.get(base + "/health", timeout=5)
+    assert health.status_code == 200 and health.json()["status"] == "degraded"
+    assert health.json()["faults"] == {
+        "anydraft-worker-0": "cannot make its batch's rows: MemoryError: failed to allocate the KV cache"}
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+def test_health_is_degraded_once_a_worker_died(make_decoder, serve, monkeypatch, workers):
+    """A worker that dies all the same (a bug in the scheduler) is named in /health; the
+    others go on serving (200), and with none left the server answers 503."""
+    from anydraft.server.scheduler import Scheduler
+
+    serve_jobs = Scheduler._serve
+
+    def last_one_broken(self, index, decoder):
+        if index == workers - 1:
+            raise RuntimeError("a bug")
+        return serve_jobs(self, index, decoder)
+
+    monkeypatch.setattr(Scheduler, "_serve", last_one_broken)
+    base = serve([make_decoder() for _ in range(workers)])
+    scheduler = serve.apps[0].state.server.scheduler
+    wait_for(lambda: scheduler.faults, what="the worker to die")
+    health = httpx.get(base + "/health", timeout=5)
+    r = httpx.post(base + CHAT, json=chat_body(), timeout=15)
+    assert health.json()["status"] == "degraded"
+    assert health.json()["faults"] == {f"anydraft-worker-{workers - 1}": "died: RuntimeError: a bug"}
+    if workers > 1:
+        assert health.status_code == 200 and r.status_code == 200
+    else:
+        assert health.status_code == 503 and r.status_code == 503
+        assert r.json()["error"]["code"] == "no_workers"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 
 import pytest
 
@@ -198,6 +199,131 @@ def test_the_completions_of_one_request_queue_all_or_none():
         gate.set()
         for j in three:
             assert await outcome(j) == ("done", "x")
+        sched.close()
+
+    asyncio.run(main())
+
+
+# -- a worker survives what fails in it (issue 61) -------------------------------------------
+class Rows:
+    """A decoder whose `new_rows` fails on the calls numbered in ``fail`` (a llama.cpp batch
+    context that cannot be allocated), and records whether the rows it made last were still
+    referenced when it was called again."""
+
+    def __init__(self, fail=()):
+        self.fail, self.calls, self.made, self.pinned = set(fail), 0, None, []
+
+    def new_rows(self, n):
+        self.calls += 1
+        self.pinned.append(self.made is not None and self.made() is not None)
+        if self.calls in self.fail:
+            raise MemoryError("llama_init_from_model: failed to allocate the KV cache")
+        made = Made()
+        self.made = weakref.ref(made)
+        return made
+
+
+class Made:
+    """Rows as `Rows.new_rows` makes them (weakly referenceable: freed or not), on which a
+    step's shared call fails."""
+
+    @property
+    def state(self):
+        raise RuntimeError("llama.cpp decode failed (status 1)")
+
+
+class OnRows(Stepping):
+    """A generation whose row is the batch's rows themselves: the step that fails on it holds
+    them in its frames, as a failed llama.cpp call holds its batch."""
+
+    def __init__(self, rows):
+        super().__init__(lambda: "")
+        self.rows = rows
+
+    def start(self, chunks=None) -> bool:
+        self.row = self.rows
+        return True
+
+
+def test_rows_that_cannot_be_made_fail_the_jobs_taken_and_are_made_for_the_next_job():
+    """A failed step made new rows outside any `try`: a failure there (a llama.cpp context
+    that cannot be allocated beside the failed one, still pinned by the traceback) killed the
+    worker, and every later request hung."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        decoder = Rows(fail={2, 3})  # after the failed step, and for the next job
+        sched = Scheduler([decoder], max_queue=4, max_per_client=4, max_batch=2)
+        sched.start()
+        failing = Job(lambda decoder, rows, job: OnRows(rows), loop)
+        sched.submit(failing)
+        kind, exc = await outcome(failing)
+        assert kind == "error" and isinstance(exc.__cause__, RuntimeError)
+        while "anydraft-worker-0" not in sched.faults:  # the worker makes rows after failing it
+            await asyncio.sleep(0.01)
+        assert decoder.pinned == [False, False]  # the failed batch's rows went first
+        assert "cannot make its batch's rows: MemoryError" in sched.faults["anydraft-worker-0"]
+        unlucky, lucky = job(lambda job: "no", loop), job(lambda job: "yes", loop)
+        sched.submit(unlucky)
+        kind, exc = await outcome(unlucky)
+        assert kind == "error" and isinstance(exc.__cause__, MemoryError)
+        await asyncio.sleep(0.2)
+        assert decoder.calls == 3  # no job, no try: it waits rather than spins
+        sched.submit(lucky)
+        assert await outcome(lucky) == ("done", "yes")
+        assert decoder.calls == 4 and sched.faults == {}
+        sched.close()
+
+    asyncio.run(main())
+
+
+class Unreadable(Finished):
+    """A generation whose text cannot be rendered (a bug in a detokenizer, say)."""
+
+    def piece(self) -> Piece:
+        raise UnicodeError("cannot render")
+
+
+def test_a_report_that_fails_ends_its_job_alone():
+    """`_report` ran outside any `try`: its failure killed the worker and hung every job."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        sched = Scheduler([Rows()], max_queue=4, max_per_client=4, max_batch=2)
+        bad = Job(lambda decoder, rows, job: Unreadable(lambda: ""), loop)
+        beside, after = job(lambda job: "beside", loop), job(lambda job: "after", loop)
+        sched.submit(bad, beside)
+        sched.start()  # both join one batch
+        kind, exc = await outcome(bad)
+        assert kind == "error" and isinstance(exc.__cause__, UnicodeError)
+        assert await outcome(beside) == ("done", "beside")
+        sched.submit(after)
+        assert await outcome(after) == ("done", "after")
+        sched.close()
+
+    asyncio.run(main())
+
+
+def test_a_worker_that_dies_is_recorded_and_no_job_waits_for_it(monkeypatch):
+    """Whatever still kills a worker (a bug in the scheduler itself) is recorded for /health,
+    and with no worker left the queued jobs fail and new ones are refused."""
+    from anydraft.server.scheduler import DecodingFailed, NoWorkers
+
+    def broken(self):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Scheduler, "_next_job", broken)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sched = Scheduler([object()], max_queue=4, max_per_client=4)
+        queued = job(lambda job: "never", loop)
+        sched.submit(queued)
+        sched.start()
+        kind, exc = await outcome(queued)
+        assert kind == "error" and isinstance(exc, DecodingFailed), exc
+        assert sched.faults == {"anydraft-worker-0": "died: RuntimeError: a bug"}
+        assert sched.alive == 0 and sched.waiting == 0
+        with pytest.raises(NoWorkers):
+            sched.submit(job(lambda job: "never", loop))
         sched.close()
 
     asyncio.run(main())

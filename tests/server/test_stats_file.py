@@ -3,7 +3,10 @@ starts from it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -48,3 +51,69 @@ def test_the_stats_path_is_made_absolute_for_replicas_elsewhere(path, tmp_path, 
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(["serve", "--target", "m", "--stats", path])
     assert args.stats == str(tmp_path / "stats.json")
+
+
+def _decoder_learning():
+    """Enough of a decoder for learned.py: one model, and the estimates it learns."""
+    import torch
+
+    from anydraft.planning.estimates import Estimates
+
+    model = SimpleNamespace(name="t", backend="torch", dtype="float32", device=torch.device("cpu"))
+    return SimpleNamespace(target=model, drafter=None, estimates=Estimates())
+
+
+def test_the_stats_saved_are_whole_while_a_worker_stuck_in_a_step_still_changes_them(tmp_path):
+    """Issue 61: the statistics were saved after a `close` whose join may time out, from
+    estimates its worker was still changing: "dictionary changed size during iteration", and
+    nothing was written. Now they are saved from what the worker handed over between steps."""
+    from anydraft import learned
+    from anydraft.server.scheduler import Scheduler
+    from anydraft.server.workers import save_stats
+    from tests.server.test_scheduler import job, outcome
+
+    dec, keys, path = _decoder_learning(), 300, tmp_path / "stats.json"
+    stuck, go_on = threading.Event(), threading.Event()
+
+    def learn(job):  # a step in which every key learns once
+        for n in range(keys):
+            dec.estimates.of("copy", True, n).steps += 1
+
+    def keep_learning(job):  # a step that outlives `close`, learning all along
+        stuck.set()
+        n = keys
+        while not go_on.is_set():
+            dec.estimates.of("copy", True, n).steps += 1
+            dec.estimates.of("copy", True, n % keys).steps += 1
+            n += 1
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sched = Scheduler([dec], max_queue=4, snapshot=lambda d: learned.snapshot(d.estimates))
+        sched.start()
+        sched.submit(first := job(learn, loop))
+        await outcome(first)
+        sched.submit(job(keep_learning, loop))
+        while not stuck.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(sched.close, 0.1)  # its join times out
+        try:
+            await asyncio.to_thread(save_stats, [dec], sched.snapshots, str(path))
+        finally:
+            go_on.set()
+
+    asyncio.run(main())
+    assert [entry["steps"] for entry in json.loads(path.read_text())["acceptance"]] == [1] * keys
+
+
+def test_a_failure_to_save_the_stats_is_reported_not_raised(tmp_path, monkeypatch, caplog):
+    from anydraft import learned
+    from anydraft.server.workers import save_stats
+
+    def broken(decoder, path, snapshot=None):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(learned, "save", broken)
+    dec = _decoder_learning()
+    save_stats([dec], [learned.snapshot(dec.estimates)], str(tmp_path / "stats.json"))
+    assert "stats: could not write" in caplog.text and "a bug" in caplog.text
