@@ -116,11 +116,8 @@ class Decoder:
         #: what ``exact="auto"`` chose and why (hardware/exact_cost.py `Choice`); None when given
         self.exact_choice = None
         if exact == "auto":
-            self.exact_choice = choose_exact(target if isinstance(target, str) else None, self.target, rows)
-            exact = self.exact_choice.on
-            if progress:
-                progress(self.exact_choice.describe())
-        if exact:
+            self.choose_exact(target if isinstance(target, str) else None, rows, progress)
+        elif exact:
             self.target.make_exact()
         self.drafter = None
         if drafter is not None:
@@ -209,6 +206,16 @@ class Decoder:
                 "the model was trained with, or leave that token out of the prompt"
             )
         return ids
+
+    def choose_exact(self, spec: str | None, rows: int, progress=None) -> None:
+        """``exact="auto"``: score exactly where this machine measured that it costs little on
+        the target ``spec`` (None: a model object) scoring ``rows`` rows a call, the batch that
+        will run (a server decides once ``--max-batch auto`` is resolved)."""
+        self.exact_choice = choose_exact(spec, self.target, rows)
+        if progress:
+            progress(self.exact_choice.describe())
+        if self.exact_choice.on:
+            self.target.make_exact()
 
     # -- generation ------------------------------------------------------------------------
     def new_rows(self, max_rows: int) -> Rows:

@@ -13,15 +13,24 @@ from ..planning.settings import SETTINGS
 log = logging.getLogger("anydraft.server")
 
 
-def build_decoders(args) -> list:
-    """``args.max_concurrency`` decoders. The first loads the models; the rest reuse its
-    model objects (inference only, each with its own KV cache) and get their own copy of
-    each tokenizer, since a Hugging Face tokenizer is not safe to share between threads.
-    Model names are shown without local paths (`public_name`)."""
+def build_decoders(args) -> tuple[list, int]:
+    """``args.max_concurrency`` decoders and the rows of each one's batch (`choose_max_batch`).
+    The first loads the models; ``exact="auto"`` is decided for it on that batch, not on the
+    most rows `auto` might have taken (`target_rows`); the rest reuse its model objects
+    (inference only, each with its own KV cache) and get their own copy of each tokenizer,
+    since a Hugging Face tokenizer is not safe to share between threads. Model names are
+    shown without local paths (`public_name`)."""
     from ..decoder import Decoder
-    from ..options import decoder_options
+    from ..options import decoder_options, progress
 
-    first = Decoder(**decoder_options(args), rows=target_rows(args))
+    options = decoder_options(args)
+    exact_auto = options.get("exact") == "auto"
+    if exact_auto:
+        options["exact"] = False  # decided below, once the batch is known
+    first = Decoder(**options, rows=target_rows(args))
+    max_batch = choose_max_batch(first, args)
+    if exact_auto:
+        first.choose_exact(args.target, max_batch, progress)
     # names appear in error messages sent to clients: no local paths in them
     first.target.name = public_name(first.target.name)
     if first.drafter is not None:
@@ -41,14 +50,13 @@ def build_decoders(args) -> list:
             dec.drafter.name, dec.drafter.dtype = d.name, d.dtype
         decoders.append(dec)
     seed_stats(decoders, args.stats)
-    return decoders
+    return decoders, max_batch
 
 
 def build_workers(args) -> tuple[list, int]:
-    """The workers' decoders (`build_decoders`) and their rows each (`choose_max_batch`),
-    built in this thread, which then hands the cores to the workers (`release_openmp_threads`)."""
-    decoders = build_decoders(args)
-    max_batch = choose_max_batch(decoders[0], args)
+    """The workers' decoders and their rows each (`build_decoders`), built in this thread,
+    which then hands the cores to the workers (`release_openmp_threads`)."""
+    decoders, max_batch = build_decoders(args)
     if max_batch == 1:  # a batch's workers make their rows as they start
         make_caches(decoders)
     release_openmp_threads()

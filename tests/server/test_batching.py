@@ -189,3 +189,36 @@ def test_each_worker_finds_its_caches_made():
     workers.make_caches(decoders)
     assert events == [("made", "target"), ("made", "drafter"), ("made", "target"), ("made", "torch"),
                       ("closed", "target"), ("closed", "drafter"), ("closed", "target")]
+
+
+@pytest.mark.parametrize("exact", ["auto", True])
+def test_exact_auto_is_decided_on_the_batch_that_will_run(monkeypatch, exact):
+    """``--max-batch auto`` loads the target for the most rows it may take (16), then resolves
+    to the batch its curve pays for: exact auto is decided on that one (issue 61: it was
+    decided on 16 rows, where a llama.cpp target is always off), an explicit choice as given."""
+    from types import SimpleNamespace
+
+    import anydraft.decoder
+    from anydraft.server import workers
+
+    made, chosen = [], []
+
+    class Loaded:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.target = SimpleNamespace(name="t", exact=kwargs["exact"] is True)
+            self.drafter = None
+
+        def choose_exact(self, spec, rows, progress=None):
+            chosen.append(rows)
+
+    monkeypatch.setattr(anydraft.decoder, "Decoder", Loaded)
+    monkeypatch.setattr("anydraft.options.decoder_options", lambda a: {"exact": exact})
+    monkeypatch.setattr(workers, "choose_max_batch", lambda decoder, args: 1)
+    args = SimpleNamespace(max_batch="auto", max_concurrency=1, target="t", stats=None)
+    decoders, max_batch = workers.build_decoders(args)
+    assert max_batch == 1 and made[0]["rows"] == SETTINGS.max_auto_batch
+    if exact == "auto":
+        assert made[0]["exact"] is False and chosen == [1]
+    else:
+        assert made[0]["exact"] is True and chosen == []

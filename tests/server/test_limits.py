@@ -75,9 +75,8 @@ def served(monkeypatch, make_decoder):
     from anydraft.server import shutdown, workers
 
     got = {}
-    monkeypatch.setattr(workers, "build_decoders", lambda args: [make_decoder()])
     # `--max-batch auto` reads the target's cost curve (tests/server/test_batching.py)
-    monkeypatch.setattr(workers, "choose_max_batch", lambda decoder, args: 1)
+    monkeypatch.setattr(workers, "build_decoders", lambda args: ([make_decoder()], 1))
     monkeypatch.setattr(shutdown, "run", lambda app, drain, **kw: got.update(app=app, **kw))
 
     def run(*args: str) -> dict:
