@@ -1,4 +1,5 @@
-"""Files written whole or not at all, by any number of processes at once.
+"""Where anydraft keeps its files (`cache_dir`), each written whole or not at all, by any number of
+processes at once.
 
 Every file anydraft keeps (cost curves, scout winners, learned statistics, assembled,
 converted and quantized models) is written under a scratch name of its own, unique to the
@@ -17,6 +18,11 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Root of everything anydraft writes: ``$ANYDRAFT_CACHE`` or ``~/.cache/anydraft``."""
+    return Path(os.environ.get("ANYDRAFT_CACHE", Path.home() / ".cache" / "anydraft"))
 
 
 @contextlib.contextmanager

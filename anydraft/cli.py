@@ -115,7 +115,7 @@ def cmd_pair(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .hardware.doctor import cmd_doctor
+    from .doctor.report import cmd_doctor
 
     return cmd_doctor(args)
 
@@ -232,8 +232,8 @@ def main(argv=None) -> int:
 
 def entry() -> None:
     """The `anydraft` command: first started again with huge pages where that helps
-    (models/hugepages.py), then `main`."""
-    from .models.hugepages import reexec
+    (hardware/hugepages.py), then `main`."""
+    from .hardware.hugepages import reexec
 
     reexec()
     sys.exit(main())

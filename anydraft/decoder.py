@@ -21,12 +21,15 @@ from . import methods
 from .bridge import token_table
 from .chat import chat_ids
 from .config import DraftConfig, check_method, override
+from .constraints.grammar import GRAMMAR_METHODS
+from .constraints.matcher import Compiler
 from .decoding import Batch, DecodeState, Finish, Generation, GenerationOutput, Stats, TextAssembler
 from .errors import AnydraftError
-from .hardware.exact_cost import choose as choose_exact
-from .hardware.profile import cached_curve
-from .models.backends import LoadedModel, backend_for, check_backend, check_target_device, load
+from .models.auto import cached_curve
+from .models.backends import backend_for, check_backend, check_target_device, load
 from .models.batch import Rows, RowView
+from .models.exact_cost import choose as choose_exact
+from .models.loaded import LoadedModel
 from .models.loading import parse_dtype, resolve_device
 from .models.session import close_session
 from .planning.cost import drafting_pays
@@ -81,11 +84,11 @@ class Decoder:
         adaptive: bool | None = None,
         drafter_context: int | None = None,
         # the most sequences the target will score in one call (a server's batch): an `auto`
-        # backend or dtype takes the path that serves that many best (hardware/profile.py `fastest`)
+        # backend or dtype takes the path that serves that many best (models/auto.py `fastest`)
         rows: int = 1,
         # score every position of the target bit-identically whatever the call (models/exact.py):
         # greedy output identical to plain one-request decoding, in any method and batch;
-        # "auto": where this machine measured that it costs little (hardware/exact_cost.py)
+        # "auto": where this machine measured that it costs little (models/exact_cost.py)
         exact: bool | str = "auto",
     ):
         if exact not in (True, False, "auto"):
@@ -102,7 +105,7 @@ class Decoder:
         if isinstance(drafter, str) and drafter_dtype not in (None, "auto"):
             drafter_backend = backend_for(drafter_backend or "auto", drafter_dtype, "drafter")
         if drafter == "auto":  # what `anydraft scout` chose for this target on this machine
-            from .scout import auto_drafter
+            from .scouted import auto_drafter
 
             drafter, drafter_backend = auto_drafter(target, drafter_backend, progress)
         # the drafter's own fastest backend, whatever the target's (a torch target on a CPU
@@ -113,7 +116,7 @@ class Decoder:
                               adaptive=adaptive, drafter_context=drafter_context)
         check_method(self.draft.method, has_drafter=drafter is not None)
         self.target = load(target, backend, tokenizer, dtype, device, progress, rows=rows)
-        #: what ``exact="auto"`` chose and why (hardware/exact_cost.py `Choice`); None when given
+        #: what ``exact="auto"`` chose and why (models/exact_cost.py `Choice`); None when given
         self.exact_choice = None
         if exact == "auto":
             self.choose_exact(target if isinstance(target, str) else None, rows, progress)
@@ -143,6 +146,8 @@ class Decoder:
         self.eos_ids = _eos_ids(self.target)
         self.estimates = Estimates(Costs(profile=profile or {}))
         self._method_factory = methods.factory(self)
+        #: grammars compiled for the target (constraints/matcher.py), for requests with one
+        self.grammars = Compiler(self.target.tokenizer, self.target.logits_width, self.eos_ids)
 
     # -- learned statistics (anydraft/learned.py) ------------------------------------------
     def save_stats(self, path) -> None:
@@ -251,6 +256,9 @@ class Decoder:
         choice."""
         method = self.draft.method if request.method is None else request.method
         check_method(method, self.drafter is not None)
+        if request.grammar is not None and method == "slrs":
+            raise AnydraftError(GRAMMAR_METHODS)
+        constraint = None if request.grammar is None else self.grammars.constraint(request.grammar)
         params = request.sampling
         params.check_vocabulary(self.target.logits_width)
         ids = self.check_ids(list(ids))
@@ -258,10 +266,11 @@ class Decoder:
         try:
             state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
                                 drafter_rows=None if rows is None else rows.drafter,
-                                top_logprobs=request.logprobs)
+                                top_logprobs=request.logprobs, constraint=constraint)
             text = TextAssembler(self.table.token_bytes, self.table.special_ids, request.stop)
             max_new = request.max_new_tokens
-            return Generation(state, self._method_factory(method, params, max_new), max_new,
+            made = self._method_factory(method, params, max_new, constrained=constraint is not None)
+            return Generation(state, made, max_new,
                               self.eos_ids if eos_ids is None else eos_ids, text, Finish(), cancel)
         except BaseException:  # the row goes back to the batch now, not when the GC finds it
             close_session(session)

@@ -62,7 +62,7 @@ def run_demo(args) -> int:
 def why_slower(spec: str, target, slower: int, prompts: int) -> str:
     """One line on why anydraft was slower than plain decoding somewhere, from the target's
     measured cost curve (cached by ``auto``; measured now otherwise)."""
-    from .hardware.profile import curve_of
+    from .models.auto import curve_of
 
     curve = curve_of(spec, target, target.backend)
     return (f"\nslower than plain decoding on {slower} of {prompts} prompts: here ({target.path}) the "

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .config import check_method, is_int, override
+from .constraints.grammar import GRAMMAR_METHODS, Grammar
 from .errors import AnydraftError
 from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -30,7 +31,10 @@ class RequestOptions:
     ``method``: None, the decoder's own. ``logprobs`` (None: none): each token's
     log-probability under the target's processed distribution and that many top alternatives
     (0..20), as plain decoding reports them. ``special_in_content``: special tokens typed in
-    chat messages act as control tokens (chat.py; by default they are text)."""
+    chat messages act as control tokens (chat.py; by default they are text). ``grammar``
+    (None: free text): what the output must match (constraints/grammar.py `Grammar`: a JSON
+    schema, any JSON object, a regex, a Lark grammar), sampled from the target's distribution
+    restricted to what the grammar allows."""
 
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -39,6 +43,7 @@ class RequestOptions:
     method: str | None = None
     logprobs: int | None = None
     special_in_content: bool = False
+    grammar: Grammar | None = None
 
     def __post_init__(self):
         max_new = self.max_new_tokens
@@ -48,6 +53,11 @@ class RequestOptions:
         object.__setattr__(self, "stop", stop)
         if self.method is not None:
             check_method(self.method)
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise AnydraftError("grammar must be an anydraft.constraints.Grammar, e.g. "
+                                "Grammar('json_schema', schema), or None")
+        if self.grammar is not None and self.method == "slrs":
+            raise AnydraftError(GRAMMAR_METHODS)
         logprobs = self.logprobs
         if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise AnydraftError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} "

@@ -5,7 +5,7 @@
 #   scripts/gpu_check.sh [OUT_DIR]                 (default: $OUT, else gpu-check-<date>-<time>)
 #   scripts/gpu_check.sh --cpu-dry-run OUT_DIR     the same on this CPU with tiny shapes
 #
-#   OUT_DIR/summary.md     every section's result (anydraft/hardware/device_check.py lists them)
+#   OUT_DIR/summary.md     every section's result (anydraft/doctor/device_check.py lists them)
 #   OUT_DIR/results.json   the same, as data
 #   OUT_DIR/gpu_check.log  everything printed, in order
 #   OUT_DIR/exhaustive.log the exhaustive toy enumeration (tests/methods/test_exhaustive.py)
@@ -62,7 +62,7 @@ if [ -f .carry/tokenizers.tar.xz ]; then
 fi
 
 status=0
-timeout "$LIMIT" "$py" -m anydraft.hardware.device_check --out "$OUT_DIR" --budget "$BUDGET" "${DRY[@]}" \
+timeout "$LIMIT" "$py" -m anydraft.doctor.device_check --out "$OUT_DIR" --budget "$BUDGET" "${DRY[@]}" \
     || status=1
 # the toy enumeration of every method's exactness (its own tensors; seconds)
 timeout "$EXHAUSTIVE" "$py" -m pytest -q -p no:cacheprovider tests/methods/test_exhaustive.py \

@@ -1,4 +1,4 @@
-"""Host overhead on null models (issue 39), as `anydraft.hardware.device_check.host` measures it:
+"""Host overhead on null models (issue 39), as `anydraft.doctor.device_check.host` measures it:
 Qwen2.5's 151,936 logits <- SmolLM2's 49,152, k = 5 fixed, 2 prompts x 128 tokens per method.
 Row `auto`: the default method, adaptive, beside the drafter, where drafting cannot pay (issue
 45): every step plain (tokens / call 1.00), yet running all that `auto` runs per step, the
@@ -15,7 +15,7 @@ import sys
 
 from anydraft.bench.host import host_fields
 from anydraft.decoder import Decoder
-from anydraft.hardware.device_check import PROMPTS, K
+from anydraft.doctor.device_check import PROMPTS, K
 from anydraft.planning import policy
 from anydraft.planning.estimates import Mean
 

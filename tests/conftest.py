@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from anydraft.atomic import cache_dir
 from anydraft.models import catalog
 
 # What tests share with the real cache: the catalog's model files and what is made from them
@@ -17,7 +18,7 @@ def session_cache(tmp_path_factory):
     """``$ANYDRAFT_CACHE`` for the whole session: a temporary directory whose
     `SHARED_WITH_REAL_CACHE` folders are links to the real cache's. Yields (this cache, the
     real one). A test about the real cache sets ``ANYDRAFT_CACHE`` itself."""
-    real = catalog.cache_dir()
+    real = cache_dir()
     cache = tmp_path_factory.mktemp("anydraft-cache")
     for name in SHARED_WITH_REAL_CACHE:
         (real / name).mkdir(parents=True, exist_ok=True)  # a link must point at a folder

@@ -10,7 +10,7 @@ import pytest
 
 from anydraft import atomic
 from anydraft.hardware import profile
-from tests.hardware.test_profile import AVX512_BF16
+from tests.hardware.test_machine import AVX512_BF16
 
 
 def test_writers_never_share_a_scratch_file(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from anydraft.hardware.device_check import SECTIONS
+from anydraft.doctor.device_check import SECTIONS
 from tests.models.test_synthetic import require_tokenizers
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"

@@ -178,6 +178,7 @@ def test_a_decoder_starts_from_the_profile_cached_for_its_exact_path(tmp_path, m
     a stats file from another machine keeps it."""
     from anydraft import Decoder
     from anydraft.hardware import profile
+    from anydraft.models.auto import model_key
     from tests.helpers import byte_tokenizer, tiny_llama
 
     monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path / "cache"))
@@ -185,9 +186,9 @@ def test_a_decoder_starts_from_the_profile_cached_for_its_exact_path(tmp_path, m
     tiny_llama(len(tok)).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     spec, curve = str(tmp_path / "m"), {1: 0.01, 2: 0.011, 5: 0.015}
-    profile.save(profile.model_key(spec, "torch", "bfloat16", "cpu"), curve)
+    profile.save(model_key(spec, "torch", "bfloat16", "cpu"), curve)
     assert Decoder(target=spec, dtype="float32", device="cpu").estimates.costs.profile == {}
-    profile.save(profile.model_key(spec, "torch", "float32", "cpu"), curve)
+    profile.save(model_key(spec, "torch", "float32", "cpu"), curve)
     dec = Decoder(target=spec, dtype="float32", device="cpu")
     assert dec.estimates.costs.profile == curve
     dec.save_stats(tmp_path / "stats.json")

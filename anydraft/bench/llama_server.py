@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AnydraftError
+from ..hardware.hugepages import as_users_run, state
 from ..models.engines import IK_BUILD
-from ..models.hugepages import as_users_run, state
 from .processes import free_port, stop_process
 
 # the flags `make install` compiles llama-cpp-python with (Makefile: LLAMA_BUILD), so the two
@@ -114,7 +114,7 @@ def _version(flavor: Flavor = LLAMA_SERVER) -> str:
 
 def built_path(flavor: Flavor = LLAMA_SERVER) -> Path:
     """Where `build` puts the binary: one per version of the package it is built from."""
-    from ..models.catalog import cache_dir
+    from ..atomic import cache_dir
 
     return cache_dir() / flavor.name / _version(flavor) / "llama-server"
 
@@ -326,7 +326,7 @@ class ServerBaseline:
                 "(temperature 0, top-k 1), no prompt cache; its prefill seconds are the request's "
                 "wall time minus the server's own decode time; huge pages "
                 f"{'on' if state(as_users_run())[0] else 'off'} for it, as the bench was started "
-                "(models/hugepages.py)")
+                "(hardware/hugepages.py)")
 
     def generate(self, ids: list[int], max_new_tokens: int, params, eos_ids) -> tuple[list[int], float, float]:
         """The new tokens (llama-server stops at the model's end-of-generation tokens, as

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import DraftConfig, check_method
 from ..errors import AnydraftError
-from ..hardware.exact_cost import choose as choose_exact
-from ..hardware.profile import curve_of
+from ..models.auto import curve_of
 from ..models.backends import BACKENDS
+from ..models.exact_cost import choose as choose_exact
 from ..sampling import SamplingParams
 from .bound import best_bound, cost_ratio, median, per_token_acceptance, verify_costs
 from .busy import busy_cores
@@ -36,7 +36,7 @@ from .realtime import throttle_note
 # they report tokens and seconds only
 BASELINES = ("hf", *SERVERS)
 # --exact: every target plain, every target exact, each both ways in the same run, or each as
-# `Decoder`'s exact="auto" chooses on this machine (hardware/exact_cost.py)
+# `Decoder`'s exact="auto" chooses on this machine (models/exact_cost.py)
 EXACT_CHOICES = ("off", "on", "both", "auto")
 EXACT_PATH = "+exact"  # a target backend's exact path: "torch+exact" (rows' target_backend)
 
@@ -144,10 +144,9 @@ def backends_for(backends: list[str], dtype, role: str) -> list[str]:
 
 def resolve_backends(backends: list[str], spec: str, role: str, dtype, device: str, progress) -> list[str]:
     """The backends with "auto" replaced by what it chooses for ``spec`` in ``role``."""
-    from ..hardware.profile import choose_backend
-    from ..models.backends import load
+    from ..models.auto import choose_backend
 
-    chosen = [choose_backend(spec, role, dtype or "auto", device, progress, load=load)[0] if b == "auto" else b
+    chosen = [choose_backend(spec, role, dtype or "auto", device, progress)[0] if b == "auto" else b
               for b in backends]
     return list(dict.fromkeys(chosen))
 

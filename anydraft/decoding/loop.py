@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.session import PREFILL_CHUNK, Session, close_session, read_in_chunks
+from ..models.session import Session, close_session, read_in_chunks
 from ..models.threads import host_threads
+from ..planning.settings import PREFILL_CHUNK
 from ..sampling import SamplingParams
 from .logprobs import TokenLogprob
 from .stats import Stats
@@ -41,6 +42,8 @@ class DecodeState:
     # alternatives per token whose log-probabilities each step reports (None: none are)
     top_logprobs: int | None = None
     step_logprobs: list[TokenLogprob] = field(default_factory=list)  # of the last step's tokens
+    # what the output must match (constraints/grammar.py `Constraint`; None: free text)
+    constraint: object = None
 
     @property
     def pending(self) -> list[int]:

@@ -110,6 +110,8 @@ def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal:
     have its policy learn what the step cost and earned (``waited``: the row's time before
     verifying, its proposing and the calls)."""
     start, state, candidates = time.perf_counter(), row.state, proposal.candidates
+    if state.constraint is not None:  # the constrained distribution at every row verified
+        scores = state.constraint.mask(scores, candidates)
     if choice.proposer == "plain":
         n, token = verify_exact(scores, candidates, state.params, state.generator)
     else:
@@ -126,6 +128,8 @@ def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal:
         caught_up = row.drafter.caught_up if row.drafter is not None else 0
     outcome = _measured(row, mark, wall, len(candidates), n, caught_up)
     new = candidates[:n] + [token]
+    if state.constraint is not None:
+        state.constraint.commit(new)
     if state.top_logprobs is not None:  # asked for: read off the verifying call's own logits
         state.step_logprobs = token_logprobs(state.params, scores, new, state.top_logprobs)
     if row.drafter is not None:

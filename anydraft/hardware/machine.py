@@ -1,5 +1,6 @@
 """The machine as read from it: CPU model and features, cores, which kernels PyTorch runs, CUDA
-devices. Light at import time (torch is imported when asked for)."""
+devices, and how busy its cores are (`cpu_ticks`). Light at import time (torch is imported when
+asked for)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 
-from ..models.hugepages import state as hugepages_state
+from .hugepages import state as hugepages_state
 
 # the CPU features that decide which kernels can run fast: AVX2 everywhere; AVX-512; bfloat16
 # and float16 dot products; AMX tiles (Intel, from Sapphire Rapids)
@@ -25,7 +26,7 @@ class Machine:
     onednn_isa: str  # ONEDNN_MAX_CPU_ISA ("" when not set: all the CPU has)
     torch: str
     cuda: tuple[str, ...]  # one "name (sm_XY)" per CUDA device
-    # whether large allocations (the models' weights) get huge pages (models/hugepages.py): a
+    # whether large allocations (the models' weights) get huge pages (hardware/hugepages.py): a
     # one-token step is several percent faster with them. Not part of `key`: each cached
     # measurement records it instead
     hugepages: bool = False
@@ -61,6 +62,27 @@ class Machine:
             "cuda: " + (", ".join(self.cuda) if self.cuda else "none"),
             f"memory: huge pages {'on' if self.hugepages else 'off'} ({hugepages_state()[1]})",
         ]
+
+
+def cpu_ticks(cpus: list[int] | None = None, stat: str = "/proc/stat",
+              niced: bool = True) -> tuple[int, int, int]:
+    """(all CPU time, busy CPU time, this process's CPU time) in clock ticks: of the CPUs
+    ``cpus``, or of the whole machine (None); busy without niced processes' time unless
+    ``niced``. Raises OSError where there is no /proc."""
+    with open(stat) as f:
+        lines = f.read().splitlines()
+    wanted = {"cpu"} if cpus is None else {f"cpu{i}" for i in cpus}
+    total = busy = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            values = [int(v) for v in fields[1:]]
+            total += sum(values)
+            # all but idle and iowait (and nice, the niced processes' user time, unless asked)
+            busy += sum(values) - values[3] - values[4] - (0 if niced else values[1])
+    with open("/proc/self/stat") as f:
+        own = f.read().rsplit(")", 1)[1].split()
+    return total, busy, int(own[11]) + int(own[12])  # utime + stime
 
 
 def cpu_flags() -> frozenset[str]:

@@ -28,7 +28,8 @@ import torch
 
 from ..bridge import UnspellableBytes
 from ..bridge.translate import resync
-from ..models.session import PREFILL_CHUNK, Session
+from ..models.session import Session
+from ..planning.settings import PREFILL_CHUNK
 from ..sampling import first_max, sample
 
 # commits kept unread at most (`Drafter.sync`): one that catches up replays this many commits'

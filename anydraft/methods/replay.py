@@ -3,8 +3,8 @@
 Random weights (models/synthetic/) accept nothing, so a synthetic pair alone cannot say what a
 method would gain at a real drafter's acceptance. `Replay` wraps a drafter method (sd, slem,
 tli, slrs) and replaces what its drafter drafted by a replay of the target's own greedy
-continuation (from a first plain pass, `generate`), each drafter token independently replaced
-with probability 1 - a by another one. Everything else is the real method's: the drafter
+continuation (from a first plain pass), each drafter token independently replaced with
+probability 1 - a by another one (doctor/device_check.py `generate_replayed` runs one). Everything else is the real method's: the drafter
 model still runs every pass it would (its cost counts; its tokens are discarded), the
 cross-vocabulary methods hand the drafter's tokenization of the replayed text to their real
 translation, and the candidates go through the real verifier, so the output is still plain
@@ -123,23 +123,3 @@ class Replay(DrafterMethod):
 
     def _another(self, spelling: bytes) -> int:
         return next(t for s, t in self.alternatives if not spelling.startswith(s))
-
-
-def generate(decoder, prompt, max_new_tokens: int, method: str, a: float, *, chat: bool = True,
-             seed: int = 0, reference: list[int] | None = None):
-    """``method`` (sd, slem, tli, slrs) on ``decoder`` with its drafts replayed at acceptance
-    ``a`` (`Replay`): ``(output, plain output)``; the plain pass is run first unless its
-    ``reference`` token ids are given (then the plain output is None)."""
-    from ..decoding import Batch
-
-    plain = None
-    if reference is None:
-        plain = decoder.generate(prompt, max_new_tokens, chat=chat, method="ar")
-        reference = plain.token_ids
-    generation = decoder.start(prompt, max_new_tokens, chat=chat, method=method)
-    generation.method = Replay(generation.method, reference, a, seed)
-    batch = Batch()
-    batch.join(generation)
-    while batch:
-        batch.run_once()
-    return generation.result()[1], plain

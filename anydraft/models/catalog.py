@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import replacing
+from ..atomic import cache_dir, replacing
 from ..errors import AnydraftError
-
-
-def cache_dir() -> Path:
-    """Root of everything anydraft writes: ``$ANYDRAFT_CACHE`` or ``~/.cache/anydraft``."""
-    return Path(os.environ.get("ANYDRAFT_CACHE", Path.home() / ".cache" / "anydraft"))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from ..errors import AnydraftError
 IK_UBATCH = 16
 
 # architectures ik_llama.cpp scores unlike llama.cpp, measured on the catalog's files: it refuses
-# them, and `auto` leaves it out for them (hardware/profile.py `gguf_engines`)
+# them, and `auto` leaves it out for them (models/auto.py `gguf_engines`)
 IK_MISSCORES = {
     # Gemma-3-270M Q4_K_M, 64 tokens: one token at a time up to 8.6 logits from llama.cpp's (the
     # logits' std 6.4), and a call of 9 tokens up to 10.2 from its own one-token calls, where
@@ -178,7 +178,7 @@ def ik_library() -> str | None:
     import os
     from importlib.metadata import PackageNotFoundError, version
 
-    from .catalog import cache_dir
+    from ..atomic import cache_dir
 
     given = os.environ.get("IK_LLAMA_CPP_LIB_PATH")
     if given:

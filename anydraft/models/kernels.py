@@ -4,7 +4,7 @@ PyTorch's default CPU matrix product is slow exactly where speculative decoding 
 few rows (a plain step scores 1 token, a verification 2 to 33): oneDNN with the weights
 reordered once into its blocked layout runs the same product 1.4-3x faster on some CPUs
 (docs/hardware.md has the measurements and machines). Whether it is faster here is measured
-(`dtype="auto"`: hardware/profile.py), never assumed; ``dtype="float32+onednn"`` asks for it.
+(`dtype="auto"`: models/auto.py), never assumed; ``dtype="float32+onednn"`` asks for it.
 
 The weights are the same numbers in another layout; the products sum in another order, so
 logits differ from the default kernels by float rounding (~1e-5 in float32). Greedy output is

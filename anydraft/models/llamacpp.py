@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..atomic import replacing
+from ..atomic import cache_dir, replacing
 from ..errors import AnydraftError
 from .batch import OwnedRows, full
 from .engines import LLAMACPP, Engine, context_params, end_ids, max_sequences, model_params
@@ -447,7 +447,6 @@ def quantize(spec: str, kind: str, progress=None) -> str:
     The copy is a different model: greedy output equals plain decoding of the copy, not of the
     original. A copy of an already quantized file is quantized twice (llama.cpp's
     ``allow_requantize``), which costs a little quality; from a float16 GGUF it does not."""
-    from . import catalog
     from .loading import resolve
 
     if kind not in QUANTS:
@@ -455,7 +454,7 @@ def quantize(spec: str, kind: str, progress=None) -> str:
     source = resolve(spec)
     if source.gguf_file is None:
         raise AnydraftError(f"{spec!r} is not a GGUF model: llama.cpp quantizes GGUF files only")
-    out = catalog.cache_dir() / "quantized" / f"{source.cache_key}.{kind.upper()}.gguf"
+    out = cache_dir() / "quantized" / f"{source.cache_key}.{kind.upper()}.gguf"
     if out.is_file():
         return str(out)
     lib = LLAMACPP.api()

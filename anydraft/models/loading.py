@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import replacing
+from ..atomic import cache_dir, replacing
 from ..errors import AnydraftError
 from . import catalog, synthetic
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
-# "auto": the dtype this machine runs the model fastest in, measured (hardware/profile.py)
+# "auto": the dtype this machine runs the model fastest in, measured (models/auto.py)
 AUTO = "auto"
 
 
@@ -44,7 +44,7 @@ class ModelSource:
     @property
     def converted_dir(self) -> Path | None:
         key = self.cache_key
-        return None if key is None else catalog.cache_dir() / "converted" / key
+        return None if key is None else cache_dir() / "converted" / key
 
 
 def resolve(spec: str) -> ModelSource:

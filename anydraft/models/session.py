@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from ..errors import AnydraftError
+from ..planning.settings import PREFILL_CHUNK
 from .threads import on_model_threads
 
 
@@ -44,11 +45,6 @@ def close_session(session) -> None:
     free = getattr(session, "close", None)
     if free is not None:
         free()
-
-
-# tokens read per call when the caller can cancel a long read (a prompt): small enough that a
-# long prompt on a CPU is abandoned within a fraction of a second, large enough to cost no speed
-PREFILL_CHUNK = 256
 
 
 def read_in_chunks(session: Session, ids: Sequence[int], cancel: Callable[[], str | None],

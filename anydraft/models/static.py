@@ -11,7 +11,7 @@ the causal mask hides it from them, and is cut off the cache at once.
 Rolling back is free: the cache keeps its tensors and only its length goes back (the next call
 overwrites the stale positions, which the causal mask hides until then). Compiling costs minutes
 on a CPU and its gain depends on the machine, so ``auto`` measures it like any path
-(hardware/profile.py) and ``dtype="float32+compile"`` asks for it.
+(models/auto.py) and ``dtype="float32+compile"`` asks for it.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from ..hardware.machine import cpu_ticks
+
 # seconds between two readings of the load (a reading costs ~50 us; loads come and go in seconds)
 READ_EVERY = 0.5
 # a reading this long after the last one says how busy the cores were while this process made no
@@ -48,27 +50,6 @@ STALE_AFTER = 2 * READ_EVERY
 # 10%: 32 / 41 (a one-off script, 2026-12-04). Past half a core, the second thread waits for
 # its turn more than it helps; below, it still saves a quarter of the step
 TAKEN_SHARE = 0.5
-
-
-def cpu_ticks(cpus: list[int] | None = None, stat: str = "/proc/stat",
-              niced: bool = True) -> tuple[int, int, int]:
-    """(all CPU time, busy CPU time, this process's CPU time) in clock ticks: of the CPUs
-    ``cpus``, or of the whole machine (None); busy without niced processes' time unless
-    ``niced``. Raises OSError where there is no /proc."""
-    with open(stat) as f:
-        lines = f.read().splitlines()
-    wanted = {"cpu"} if cpus is None else {f"cpu{i}" for i in cpus}
-    total = busy = 0
-    for line in lines:
-        fields = line.split()
-        if fields and fields[0] in wanted:
-            values = [int(v) for v in fields[1:]]
-            total += sum(values)
-            # all but idle and iowait (and nice, the niced processes' user time, unless asked)
-            busy += sum(values) - values[3] - values[4] - (0 if niced else values[1])
-    with open("/proc/self/stat") as f:
-        own = f.read().rsplit(")", 1)[1].split()
-    return total, busy, int(own[11]) + int(own[12])  # utime + stime
 
 
 def niced_compete(autogroup: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:

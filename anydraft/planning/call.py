@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..models.session import PREFILL_CHUNK
 from .cost import read_size
 from .policy import Choice, Measured, allocate
-from .settings import SETTINGS
+from .settings import PREFILL_CHUNK, SETTINGS
 
 
 @dataclass

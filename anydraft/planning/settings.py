@@ -88,3 +88,11 @@ class Settings:
 
 
 SETTINGS = Settings()
+
+# tokens read per call when the caller can cancel a long read (a prompt): small enough that a
+# long prompt on a CPU is abandoned within a fraction of a second, large enough to cost no speed.
+# The most a call reads for joining prompts (call.py `prefill_budget`), and the pieces a session
+# reads a prompt in (models/session.py `read_in_chunks`). A constant, not a `Settings` field: an
+# exact batch reads a prompt in the pieces a request alone does (models/exact.py `reads`), so no
+# test may change it for one side only
+PREFILL_CHUNK = 256

@@ -7,10 +7,7 @@ Inference with Lossless Speculative Decoding Algorithms for Heterogeneous Vocabu
 2025) predicts a speedup from a few numbers a short run measures: the acceptance a, the
 drafter's cost c, the translation overhead, and the target's cost curve. The scout measures
 those for every candidate (`measure.py`), predicts each one's speedup at its best draft
-length, confirms the best three beside plain decoding, and saves the winner (`saved.py`) for
-``Decoder(target=T, drafter="auto")`` and ``anydraft serve --drafter auto``.
+length, confirms the best three beside plain decoding, and saves the winner for
+``Decoder(target=T, drafter="auto")`` and ``anydraft serve --drafter auto`` (anydraft/scouted.py,
+below the decoder that reads it).
 """
-
-from .saved import auto_drafter
-
-__all__ = ["auto_drafter"]

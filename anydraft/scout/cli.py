@@ -158,11 +158,11 @@ def row_json(r: dict) -> dict:
 def cmd_scout(args) -> int:
     from pathlib import Path
 
+    from .. import scouted
     from ..bench.datasets import load_dataset
     from ..bench.report import machine_info
     from ..hardware import this_machine
     from ..options import command_line
-    from . import saved
     from .rank import ranked
     from .run import Scout
 
@@ -191,7 +191,7 @@ def cmd_scout(args) -> int:
           f"{' ' + result['target_dtype'] if result['target_dtype'] else ''}), "
           f"{result['seconds']:.0f} s of a {budget:.0f} s budget\n")
     print(table(rows))
-    path = None if args.no_save else saved.save(settings.target, record)
+    path = None if args.no_save else scouted.save(settings.target, record)
     if path is not None:
         say(f"saved: Decoder(target={settings.target!r}, drafter=\"auto\") and `anydraft serve "
             f"--target {settings.target} --drafter auto` now use "

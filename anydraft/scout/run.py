@@ -72,7 +72,7 @@ def check_budget(settings: ScoutSettings, clock: Clock, plain: float, plain_step
 def candidates(settings: ScoutSettings, target_tok, say) -> list[tuple[Candidate, dict]]:
     """(candidate, facts about its pair) in the order they are measured (see the module doc)."""
     from ..bridge import intersect, same_tokenizer, token_table
-    from ..hardware.profile import gguf_engines
+    from ..models.auto import gguf_engines
     from ..models.loading import load_tokenizer
 
     first, rest = [], []
@@ -113,7 +113,7 @@ class Scout:
         self.runs: list[float] = []  # seconds of each measuring run
 
     def run(self) -> dict:
-        from ..hardware.profile import curve_of
+        from ..models.auto import curve_of
         from ..models.backends import load
         from ..models.loading import load_tokenizer
 

@@ -66,7 +66,7 @@ def options_of(state: ServerState, req, chat: bool) -> RequestOptions:
     try:
         return RequestOptions(max_tokens, sampling_of(req, state.decoder.target.logits_width),
                               chat=chat, stop=req.stop_list, method=req.anydraft_method,
-                              logprobs=req.top_alternatives,
+                              logprobs=req.top_alternatives, grammar=req.grammar,
                               special_in_content=config.allow_special_in_content)
     except AnydraftError as exc:
         raise user_error(exc) from None

@@ -76,7 +76,7 @@ async def health(request: Request):
             "faults": faults,  # worker -> what is wrong with it, in the log with its traceback
             "target_path": state.decoder.target.path,  # how the target runs: "torch bfloat16", ...
             "exact": state.decoder.target.exact,  # greedy output identical to plain decoding (--exact)
-            # why, where --exact auto chose (hardware/exact_cost.py); None where --exact on/off
+            # why, where --exact auto chose (models/exact_cost.py); None where --exact on/off
             "exact_auto": choice.describe() if (choice := state.decoder.exact_choice) else None,
             # seconds to score M tokens in one call, as measured on this machine
             # (hardware/profile.py; {} where none was cached when the models loaded): what

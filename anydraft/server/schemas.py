@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..constraints.grammar import Grammar
+from ..errors import AnydraftError
 from ..sampling import MAX_TOP_LOGPROBS
 
 MAX_TOKENS_CAP = 1_000_000  # a static sanity bound; the context window is checked per request
@@ -52,6 +54,10 @@ class _Sampling(_Strict):
     # extension: "ar" decodes this request plainly, without the server's --method (the
     # playground's "compare with plain decoding"); nothing else may be chosen per request
     anydraft_method: Literal["ar"] | None = None
+    # structured outputs: OpenAI's {"type": "text" | "json_object" | "json_schema", ...}
+    response_format: dict | None = None
+    # extension: the output matches a regex or a Lark grammar ({"regex": ...} or {"lark": ...})
+    anydraft_grammar: dict | None = None
 
     @model_validator(mode="after")
     def _supported(self):
@@ -72,7 +78,25 @@ class _Sampling(_Strict):
             raise ValueError("stop: stop sequences must be non-empty strings")
         if any(len(s) > 1000 for s in stops):
             raise ValueError("stop: a stop sequence may be at most 1000 characters")
+        self.grammar  # noqa: B018 - malformed formats and grammars fail here, with their field
         return self
+
+    @property
+    def grammar(self) -> Grammar | None:
+        """What the output must match (`response_format` or `anydraft_grammar`; None: text)."""
+        if self.response_format is not None and self.anydraft_grammar is not None:
+            raise ValueError("anydraft_grammar: give response_format or anydraft_grammar, not both")
+        try:
+            if self.anydraft_grammar is not None:
+                given = self.anydraft_grammar
+                if len(given) != 1 or next(iter(given)) not in ("regex", "lark"):
+                    raise ValueError("anydraft_grammar: one of {\"regex\": \"...\"} or {\"lark\": \"...\"}")
+                (kind, source), = given.items()
+                return Grammar(kind, source)
+            return _format_grammar(self.response_format)
+        except AnydraftError as exc:
+            field = "anydraft_grammar" if self.anydraft_grammar is not None else "response_format"
+            raise ValueError(f"{field}: {exc}") from None
 
     @property
     def sampling_fields(self) -> dict:
@@ -94,6 +118,23 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def _format_grammar(response_format: dict | None) -> Grammar | None:
+    """OpenAI's ``response_format``: text (None), any JSON object, or a JSON schema (``strict``
+    or not, the schema is enforced: the output always validates)."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar("json_object")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ValueError("response_format: json_schema needs {\"json_schema\": {\"name\": ..., "
+                             "\"schema\": {...}}}")
+        return Grammar("json_schema", spec["schema"])
+    raise ValueError(f"response_format: type must be text, json_object or json_schema, got {kind!r}")
 
 
 class TextPart(_Strict):
@@ -133,7 +174,6 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict | None = None
     functions: list | None = None
     function_call: str | dict | None = None
-    response_format: dict | None = None
 
     @model_validator(mode="after")
     def _chat_supported(self):
@@ -145,8 +185,6 @@ class ChatCompletionRequest(_Sampling):
         for name in ("tool_choice", "function_call"):  # "none" asks for no tool call: fine
             if getattr(self, name) not in (None, "none"):
                 raise ValueError(f"{name}: tool calling is not supported (only 'none')")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("response_format: only {'type': 'text'} is supported")
         return self
 
     @property

@@ -152,7 +152,8 @@ def choose_max_batch(decoder, args) -> int:
         return rows
     if not target.batches:
         return 1
-    from ..hardware.profile import curve_of, max_batch
+    from ..hardware.profile import max_batch
+    from ..models.auto import curve_of
     from ..options import progress
 
     return max_batch(curve_of(args.target, target, target.backend, progress=progress), rows)

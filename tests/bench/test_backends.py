@@ -47,15 +47,15 @@ def test_a_dtype_asked_for_makes_auto_torch_and_keeps_llamacpp_beside_torch():
 
 def test_auto_backends_resolve_per_model_and_role(monkeypatch):
     from anydraft.bench import runner
-    from anydraft.hardware import profile
+    from anydraft.models import auto
 
     seen = []
 
-    def choose(spec, role, dtype, device, progress, load=None):
+    def choose(spec, role, dtype, device, progress):
         seen.append((spec, role))
         return ("llamacpp" if role == "target" else "torch"), dtype, None
 
-    monkeypatch.setattr(profile, "choose_backend", choose)
+    monkeypatch.setattr(auto, "choose_backend", choose)
     got = runner.resolve_backends(["auto", "torch", "llamacpp"], "t", "target", "auto", "cpu", None)
     assert got == ["llamacpp", "torch"] and seen == [("t", "target")]
     assert runner.resolve_backends(["auto"], "d", "drafter", None, "cpu", None) == ["torch"]

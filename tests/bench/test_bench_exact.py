@@ -133,7 +133,7 @@ def test_exact_alone_means_every_target_exact(models, tmp_path):
 
 def test_a_path_that_cannot_score_exactly(models, tmp_path, monkeypatch, capsys):
     """--exact both keeps the plain runs (with a note); --exact on is an error, as before."""
-    from anydraft.models.backends import LoadedModel
+    from anydraft.models.loaded import LoadedModel
 
     monkeypatch.setattr(LoadedModel, "exact_problem", lambda self: "is a test's stand-in")
     assert _bench(models, tmp_path / "both", "--exact", "both") == 0

@@ -63,8 +63,8 @@ def test_client_sends_token_ids_greedy_without_prompt_cache(fake):
 
 
 def test_the_server_runs_as_its_users_run_it(fake, monkeypatch):
-    """Without the huge pages `anydraft` asked for itself (models/hugepages.py)."""
-    from anydraft.models import hugepages
+    """Without the huge pages `anydraft` asked for itself (hardware/hugepages.py)."""
+    from anydraft.hardware import hugepages
 
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.check=0")
     monkeypatch.setattr(os, "environ", hugepages.with_tunable(os.environ))

@@ -7,14 +7,15 @@ import time
 
 import pytest
 
+from anydraft import scouted
 from anydraft.bench.bound import speedup_bound
 from anydraft.cli import main
 from anydraft.errors import AnydraftError
-from anydraft.scout import auto_drafter, saved
 from anydraft.scout.cli import parse_budget, pick_prompts
 from anydraft.scout.measure import Candidate, Measured, best_k, per_position, predict
 from anydraft.scout.rank import ranked, reason
 from anydraft.scout.run import Scout, ScoutSettings
+from anydraft.scouted import auto_drafter
 from tests.conftest import require_llamacpp, require_model
 from tests.helpers import save_tiny_pair
 
@@ -31,7 +32,7 @@ N, TOKENS, K = 2, 24, 5
 @pytest.fixture
 def scout_dir(tmp_path, monkeypatch):
     """Saved winners go to a scratch directory (the profiles and models stay where they are)."""
-    monkeypatch.setattr(saved, "path_for", lambda target: tmp_path / "scout" / "winner.json")
+    monkeypatch.setattr(scouted, "path_for", lambda target: tmp_path / "scout" / "winner.json")
     return tmp_path
 
 
@@ -129,13 +130,13 @@ def test_auto_uses_the_saved_winner_and_says_so(scout_dir, tiny_pair):
     from anydraft.decoder import Decoder
 
     target, drafter = tiny_pair
-    saved.save(target, {"drafter": drafter, "drafter_backend": "torch", "method": "slem"})
+    scouted.save(target, {"drafter": drafter, "drafter_backend": "torch", "method": "slem"})
     said = []
     dec = Decoder(target=target, drafter="auto", dtype="float32", backend="torch", progress=said.append)
     assert dec.drafter is not None and dec.drafter.name == drafter
     assert any(m.startswith(f"drafter auto: {drafter} on torch, chosen by anydraft scout on ")
                for m in said), said
-    saved.save(target, {"drafter": None, "drafter_backend": None, "method": "ar"})
+    scouted.save(target, {"drafter": None, "drafter_backend": None, "method": "ar"})
     assert auto_drafter(target, None, said.append) == (None, None)
     assert said[-1].startswith("drafter auto: none (plain decoding won)")
     with pytest.raises(AnydraftError, match="needs the target by name"):
@@ -147,10 +148,10 @@ def test_a_winner_saved_with_huge_pages_is_found_without(tmp_path, monkeypatch, 
     """`anydraft scout` runs with huge pages (the command starts itself again with them), a
     program that imports anydraft may not: the winner was saved under a machine key that held
     the state, and `Decoder(drafter="auto")` then found "no scout result" (issue 61)."""
-    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))  # the real `saved.path_for`, keyed
+    monkeypatch.setenv("ANYDRAFT_CACHE", str(tmp_path))  # the real `scouted.path_for`, keyed
     target, drafter = tiny_pair
     started_with_hugepages(True)
-    path = saved.save(target, {"drafter": drafter, "drafter_backend": "torch", "method": "slem"})
+    path = scouted.save(target, {"drafter": drafter, "drafter_backend": "torch", "method": "slem"})
     started_with_hugepages(False)
     assert auto_drafter(target, None) == (drafter, "torch")
     assert json.loads(path.read_text())["hugepages"] is True  # the state it was measured in
@@ -200,7 +201,7 @@ def real_scout(tmp_path_factory):
     require_llamacpp()
     out = tmp_path_factory.mktemp("scout_out") / "scout.json"
     mp = pytest.MonkeyPatch()
-    mp.setattr(saved, "path_for", lambda target: out.parent / "winner.json")
+    mp.setattr(scouted, "path_for", lambda target: out.parent / "winner.json")
     start = time.perf_counter()
     try:
         rc = main(["scout", "--target", TARGET, "--drafters", ",".join(DRAFTERS), "--backends",

@@ -3,6 +3,7 @@
 import pytest
 
 from anydraft import Decoder
+from anydraft.doctor.device_check import generate_replayed
 from anydraft.errors import AnydraftError
 from anydraft.methods import replay
 from tests.models.test_synthetic import require_tokenizers
@@ -25,7 +26,7 @@ def test_replay_is_plain_decoding_and_accepts_as_asked(decoders, pair, method):
     decoder = decoders[pair]
     rates = {}
     for a in (0.0, 0.6, 1.0):
-        out, plain = replay.generate(decoder, "Write a haiku", N, method, a)
+        out, plain = generate_replayed(decoder, "Write a haiku", N, method, a)
         assert out.token_ids == plain.token_ids, (method, a)  # the real verifier judged
         assert out.stats["method"] == f"{method} (replay a={a:g})"
         rates[a] = out.stats["acceptance_rate"]

@@ -182,10 +182,17 @@ class Toys:
     def _text(self, stop):
         return TextAssembler(self.target_table.token_bytes, self.target_table.special_ids, stop)
 
-    def exact_target_distribution(self, prompt, params, max_new_tokens, stop=()) -> dict:
+    def constraint(self, grammar):
+        """A fresh grammar state of ``grammar`` (constraints/grammar.py) over the target's ids."""
+        from anydraft.constraints.matcher import Compiler
+
+        return Compiler(self.target_tok, self.target_width, self.target_table.eos_ids).constraint(grammar)
+
+    def exact_target_distribution(self, prompt, params, max_new_tokens, stop=(), grammar=None) -> dict:
         """Plain sampling from the target, computed by recursion, independently of the loop:
         a sequence ends at max_new_tokens, an EOS, a completed stop string (its last token
-        kept) or a full context window."""
+        kept) or a full context window. ``grammar``: plain constrained sampling, the tokens
+        the grammar refuses after the sequence so far at -inf before ``params`` apply."""
         session = self.target_session()
         eos = self.target_table.eos_ids
         dist = defaultdict(float)
@@ -199,7 +206,12 @@ class Toys:
                     or len(prompt) + len(seq) >= self.context):
                 dist[tuple(seq)] += prob
                 return
-            p = params.probs(session.logits(tuple(prompt + seq)))
+            logits = session.logits(tuple(prompt + seq))
+            if grammar is not None:  # a fresh state over the sequence: no rollback involved
+                state = self.constraint(grammar)
+                state.commit(seq)
+                logits = logits.masked_fill(~state.allowed(), float("-inf"))
+            p = params.probs(logits)
             for t, pt in enumerate(p.tolist()):
                 if pt > 0:
                     walk(seq + [t], prob * pt)
@@ -208,13 +220,14 @@ class Toys:
         return dict(dist)
 
     def method_distribution(self, make_method, prompt, params, max_new_tokens,
-                            stop=()) -> tuple[dict, int]:
+                            stop=(), grammar=None) -> tuple[dict, int]:
         """Run the real decoding loop over every random path; exact output distribution."""
         dist = defaultdict(float)
         todo, paths = [[]], 0
         while todo:
             gen = Enumerator(todo.pop())
-            state = DecodeState(self.target_session(), list(prompt), params, gen, Stats())
+            state = DecodeState(self.target_session(), list(prompt), params, gen, Stats(),
+                                constraint=None if grammar is None else self.constraint(grammar))
             decode_batch([Generation(state, make_method(), max_new_tokens,
                                      self.target_table.eos_ids, self._text(stop), Finish())])
             dist[tuple(state.committed[len(prompt):])] += gen.prob

@@ -9,8 +9,7 @@ import torch
 
 from anydraft import AnydraftError, Decoder
 from anydraft.cli import build_parser, main
-from anydraft.hardware import profile
-from anydraft.models import backends
+from anydraft.models import auto, backends
 from anydraft.models.loading import resolve_device
 from anydraft.options import add_model_options, decoder_options
 from tests.helpers import byte_tokenizer, tiny_llama
@@ -61,15 +60,15 @@ def test_auto_reaches_the_profile_resolved(gpu, monkeypatch):
     tok = byte_tokenizer()
     seen = []
 
-    def choose_dtype(spec, device, progress, rows=1, load=None):
+    def choose_dtype(spec, device, progress, rows=1):
         seen.append(device)
         return "float32", tiny_llama(len(tok)), {}
 
-    monkeypatch.setattr(profile, "choose_dtype", choose_dtype)
+    monkeypatch.setattr(auto, "choose_dtype", choose_dtype)
     loaded = backends.load("any-model", "torch", tok, dtype="auto", device="auto")
     assert seen == ["cuda"] and loaded.dtype == "float32"
     with pytest.raises(AssertionError, match="not resolved"):
-        profile.model_key("any-model", "torch", "float32", "auto")
+        auto.model_key("any-model", "torch", "float32", "auto")
 
 
 def test_a_llamacpp_target_asked_for_on_cuda_is_refused():

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from anydraft import Decoder
 from anydraft.errors import AnydraftError
 from anydraft.models import threads
-from anydraft.models.backends import LoadedModel
+from anydraft.models.loaded import LoadedModel
 from anydraft.models.rows import TorchBatch
 from tests.conftest import require_llamacpp, require_model
 from tests.helpers import tiny_llama

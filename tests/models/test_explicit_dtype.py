@@ -7,7 +7,8 @@ import pytest
 from anydraft import AnydraftError, Decoder
 from anydraft.cli import main
 from anydraft.hardware import profile
-from anydraft.models.backends import backend_for, load
+from anydraft.models import auto
+from anydraft.models.backends import backend_for
 from tests.conftest import require_model
 from tests.helpers import save_tiny_pair
 
@@ -36,8 +37,8 @@ def test_a_dtype_beside_llamacpp_is_an_error_naming_both_and_the_fix():
 def llamacpp_measured_faster(monkeypatch):
     """Every model "runs on llama.cpp" and measures faster there than on torch: what `auto`
     found for smollm2-135m, whose float32 asked for then never happened."""
-    monkeypatch.setattr(profile, "gguf_engines", lambda spec: ("llamacpp",))
-    monkeypatch.setattr(profile, "curves", lambda spec, backend, paths, *a, **k: (
+    monkeypatch.setattr(auto, "gguf_engines", lambda spec: ("llamacpp",))
+    monkeypatch.setattr(auto, "curves", lambda spec, backend, paths, *a, **k: (
         {p: LLAMA if p == "gguf" else TORCH for p in paths}, None))
 
 
@@ -55,11 +56,11 @@ def test_the_drafters_own_dtype_chooses_its_backend_the_targets_does_not(tmp_pat
     target, drafter = save_tiny_pair(tmp_path)
     asked = []
 
-    def choose_backend(spec, role, dtype, device, progress, rows, load=None):
+    def choose_backend(spec, role, dtype, device, progress, rows):
         asked.append((role, dtype))
         return "torch", dtype, None
 
-    monkeypatch.setattr(profile, "choose_backend", choose_backend)
+    monkeypatch.setattr(auto, "choose_backend", choose_backend)
     dec = Decoder(target=str(target), drafter=str(drafter), dtype="float32")
     assert asked == [("drafter", "float32")]  # handed down: the drafter's backend still measured
     assert (dec.drafter.backend, dec.drafter.dtype) == ("torch", "float32")
@@ -73,11 +74,11 @@ def test_the_drafters_own_dtype_chooses_its_backend_the_targets_does_not(tmp_pat
 
 
 def test_a_drafter_dtype_asked_for_beats_the_scouts_backend(tmp_path, monkeypatch):
-    from anydraft import scout
+    from anydraft import scouted
 
     target, drafter = save_tiny_pair(tmp_path)
-    # the scout's winner on llama.cpp; a backend the caller chose is kept (scout/saved.py)
-    monkeypatch.setattr(scout, "auto_drafter", lambda target, backend, progress: (
+    # the scout's winner on llama.cpp; a backend the caller chose is kept (anydraft/scouted.py)
+    monkeypatch.setattr(scouted, "auto_drafter", lambda target, backend, progress: (
         str(drafter), backend or "llamacpp"))
     dec = Decoder(target=str(target), drafter="auto", dtype="float32", drafter_dtype="float32")
     assert (dec.drafter.backend, dec.drafter.dtype) == ("torch", "float32")
@@ -100,14 +101,13 @@ def test_the_command_line_names_the_flags(capsys):
 
 @pytest.mark.real
 def test_the_llamacpp_curve_still_loads_its_model(monkeypatch):
-    """`profile.curves` names llama.cpp's path "gguf": a label, not a dtype asked for."""
+    """`auto.curves` names llama.cpp's path "gguf": a label, not a dtype asked for."""
     from tests.conftest import require_llamacpp
 
     require_llamacpp()
     monkeypatch.setattr(profile, "measure", lambda models: {p: {1: 0.01} for p in models})
     monkeypatch.setattr(profile, "busy", lambda: True)  # nothing cached
-    found, _ = profile.curves(require_model("smollm2-135m"), "llamacpp", ("gguf",), "cpu", remeasure=True,
-                              load=load)
+    found, _ = auto.curves(require_model("smollm2-135m"), "llamacpp", ("gguf",), "cpu", remeasure=True)
     assert found == {"gguf": {1: 0.01}}
 
 

@@ -109,7 +109,7 @@ def test_ik_refuses_what_it_misscores():
     clear error by hand, and `auto` never measures it there."""
     require_llamacpp("ik")
     require_model("gemma3-270m")
-    from anydraft.hardware.profile import gguf_engines
+    from anydraft.models.auto import gguf_engines
     from anydraft.models.engines import ENGINES
     from anydraft.models.llamacpp import LlamaCppModel
 

@@ -209,9 +209,9 @@ def test_a_rollback_llamacpp_refuses_raises(model, monkeypatch):
 
 @pytest.mark.real
 def test_new_batch_of_a_llamacpp_model(model):
-    from anydraft.models.backends import LoadedModel
     from anydraft.models.batch import RowView
     from anydraft.models.llamacpp import LlamaCppBatch
+    from anydraft.models.loaded import LoadedModel
 
     batch = LoadedModel("smollm2-135m", model, tokenizer=None).new_batch(2)
     assert isinstance(batch, LlamaCppBatch) and batch.max_rows == 2

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from anydraft import Decoder
+from anydraft.doctor import report as doctor
 from anydraft.errors import AnydraftError
-from anydraft.hardware import doctor
 from anydraft.models.loading import resolve
 from tests.conftest import require_llamacpp, require_model
 

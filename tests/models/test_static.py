@@ -60,6 +60,18 @@ def test_a_finished_sessions_cache_is_reused_from_empty(pair):
     close(HFSession(model).feed(IDS[50:52]), again.feed(IDS[50:52]))
 
 
+def test_a_closed_sessions_cache_serves_the_next_one_at_once(pair):
+    """`Generation.leave` closes a finished session: its cache goes to the next one then, not
+    when the collector finds the session (issue 61: a static session had no ``close``)."""
+    _, compiled = pair
+    first = compiled.new_session()
+    first.feed(IDS[:5])
+    cache, keep = first.cache, first  # still referenced: only ``close`` can hand it over
+    first.close()
+    assert compiled.new_session().cache is cache and keep.cache is None
+    first.close()  # twice: nothing more
+
+
 def test_greedy_sd_on_compiled_models_equals_plain_greedy():
     tok = byte_tokenizer()
     target, drafter = tiny_llama(len(tok), seed=0), tiny_llama(len(tok), seed=1)

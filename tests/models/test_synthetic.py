@@ -107,7 +107,8 @@ def test_every_method_is_plain_decoding_on_synthetic_pairs(pair):
 
 
 def test_doctor_says_a_model_is_synthetic(monkeypatch, capsys):
-    from anydraft.hardware import doctor, profile
+    from anydraft.doctor import report as doctor
+    from anydraft.hardware import profile
 
     require_tokenizers("null:smollm2-135m")
     monkeypatch.setattr(profile, "save", lambda *args, **kwargs: None)  # keep the cache as it is

@@ -91,19 +91,6 @@ def test_llamacpp_threads_follow_the_free_cores_unless_set(monkeypatch):
     assert threads.llamacpp_threads() == 3
 
 
-def test_niced_work_leaves_the_cores_free_to_a_process_that_is_not_niced(tmp_path, monkeypatch):
-    # user nice system idle iowait irq softirq steal: cpu0 spent 100 ticks on niced work, cpu1 50 on
-    # user work; this process used 20 ticks
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 10 100 5 300 7 0 0 0\ncpu1 50 0 0 400 0 0 0 0\n")
-    monkeypatch.setattr(threads, "open", lambda path: open(stat) if path == str(stat) else
-                        __import__("io").StringIO("1 (x) S " + "0 " * 10 + "15 5 0"), raising=False)
-    total, busy, own = threads.cpu_ticks([0, 1], str(stat), niced=True)
-    assert (total, busy, own) == (872, 165, 20)
-    assert threads.cpu_ticks([0, 1], str(stat), niced=False)[1] == 65
-    assert threads.cpu_ticks([1], str(stat), niced=False)[:2] == (450, 50)
-
-
 def test_niced_work_counts_where_we_are_niced_or_sessions_share_first(tmp_path, monkeypatch):
     on, off = tmp_path / "on", tmp_path / "off"
     on.write_text("1\n")

@@ -101,10 +101,10 @@ def test_auto_max_batch_from_the_cost_curve(monkeypatch, curve, rows):
     sizes); one where batching gains little."""
     from types import SimpleNamespace
 
-    from anydraft.hardware import profile
+    from anydraft.models import auto
     from anydraft.server.workers import choose_max_batch
 
-    monkeypatch.setattr(profile, "curve_of", lambda *a, **k: curve)
+    monkeypatch.setattr(auto, "curve_of", lambda *a, **k: curve)
     decoder = SimpleNamespace(target=SimpleNamespace(batches=True, backend="torch"))
     args = SimpleNamespace(max_batch="auto", max_concurrency=1, target="t")
     assert choose_max_batch(decoder, args) == rows

@@ -101,7 +101,7 @@ def describe(spec: str) -> str:
 
 
 def tokenizer_dir(family: str) -> Path:
-    from ..catalog import cache_dir
+    from ...atomic import cache_dir
 
     return cache_dir() / "synthetic-tokenizers" / family
 

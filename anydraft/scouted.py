@@ -1,4 +1,5 @@
-"""The scout's winner, saved per target and machine, and ``drafter="auto"``, which reads it.
+"""What `anydraft scout` (anydraft/scout/) chose for a target: its winner, saved per target and
+machine, and ``drafter="auto"``, which reads it (decoder.py).
 
 A winner holds on the machine that measured it (another machine's cost curves differ), so it
 lives in ``$ANYDRAFT_CACHE/scout/<machine key>/``, one file per target, next to the cost
@@ -14,29 +15,28 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..atomic import write_text
-from ..errors import AnydraftError
+from .atomic import cache_dir, write_text
+from .errors import AnydraftError
 
 
 def _target_key(target: str) -> str:
     """The target's identity: its files (as the cost curves key it), not the name it was given."""
-    from ..models.loading import resolve
+    from .models.loading import resolve
 
     source = resolve(target)
     return source.cache_key or source.path
 
 
 def path_for(target: str) -> Path:
-    from ..hardware import this_machine
-    from ..models import catalog
+    from .hardware import this_machine
 
     digest = hashlib.sha256(_target_key(target).encode()).hexdigest()[:16]
-    return catalog.cache_dir() / "scout" / this_machine().key / f"{digest}.json"
+    return cache_dir() / "scout" / this_machine().key / f"{digest}.json"
 
 
 def save(target: str, choice: dict) -> Path:
     """Write ``choice`` (drafter, drafter_backend, method, ...) as the winner for ``target``."""
-    from ..hardware import this_machine
+    from .hardware import this_machine
 
     path = path_for(target)
     machine = this_machine()

@@ -1,6 +1,6 @@
 """The GPU check's sections (scripts/gpu_check.sh runs this): synthetic models only, no files.
 
-    python -m anydraft.hardware.device_check --out DIR [--cpu-dry-run] [--budget SECONDS]
+    python -m anydraft.doctor.device_check --out DIR [--cpu-dry-run] [--budget SECONDS]
 
 Sections, in this order (the cheapest and most needed first; each one is written to
 DIR/results.json and DIR/summary.md as soon as it ends, so a run cut short keeps what it did):
@@ -90,7 +90,7 @@ def machine(check: Check) -> dict:
     import torch
     import transformers
 
-    from .machine import this_machine
+    from ..hardware.machine import this_machine
 
     out = {"lines": this_machine().lines(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "transformers": transformers.__version__, "python": sys.version.split()[0]}
@@ -163,8 +163,8 @@ def _mean(values):
 
 def curves(check: Check, compiled: bool = False) -> dict:
     """T(M) in ms for the targets, and each drafter's one-token step (bfloat16)."""
+    from ..hardware.profile import measure
     from ..models.backends import load
-    from .profile import measure
 
     dtype = "bfloat16+compile" if compiled else "bfloat16"
     sizes = COMPILED_SIZES if compiled else CURVE_SIZES
@@ -184,10 +184,31 @@ def curves(check: Check, compiled: bool = False) -> dict:
     return {"dtype": dtype, "ms": out}
 
 
+def generate_replayed(decoder, prompt, max_new_tokens: int, method: str, a: float, *,
+                      chat: bool = True, seed: int = 0, reference: list[int] | None = None):
+    """``method`` (sd, slem, tli, slrs) on ``decoder`` with its drafts replayed at acceptance
+    ``a`` (methods/replay.py `Replay`): ``(output, plain output)``; the plain pass is run first
+    unless its ``reference`` token ids are given (then the plain output is None)."""
+    from ..decoding import Batch
+    from ..methods.replay import Replay
+
+    plain = None
+    if reference is None:
+        plain = decoder.generate(prompt, max_new_tokens, chat=chat, method="ar")
+        reference = plain.token_ids
+    generation = decoder.start(prompt, max_new_tokens, chat=chat, method=method)
+    generation.method = Replay(generation.method, reference, a, seed)
+    batch = Batch()
+    batch.join(generation)
+    while batch:
+        batch.run_once()
+    return generation.result()[1], plain
+
+
 def replays(check: Check) -> dict:
     """Speed at a known acceptance: each method's drafts replayed at a, beside plain decoding."""
     from ..decoder import Decoder
-    from ..methods import replay
+    from ..methods.replay import label
     from ..models.backends import load
 
     target = load(check.spec(MAIN), dtype="bfloat16", device=check.device)
@@ -200,10 +221,10 @@ def replays(check: Check) -> dict:
         out[f"ar <- {drafter}"] = {"tokens_per_s": round(plain.stats["tokens_per_s"], 2)}
         for method in methods:
             for a in ACCEPTANCES:
-                got = replay.generate(dec, PROMPTS[0], check.tokens, method, a,
-                                      reference=plain.token_ids)[0]
+                got = generate_replayed(dec, PROMPTS[0], check.tokens, method, a,
+                                        reference=plain.token_ids)[0]
                 s = got.stats
-                out[f"{method} <- {drafter}, {replay.label(a)}"] = {
+                out[f"{method} <- {drafter}, {label(a)}"] = {
                     "identical": got.token_ids == plain.token_ids,
                     "tokens_per_s": round(s["tokens_per_s"], 2),
                     "speedup": round(s["tokens_per_s"] / plain.stats["tokens_per_s"], 3),
@@ -249,7 +270,7 @@ SECTIONS = (("machine", machine), ("exactness", exactness), ("host overhead", ho
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m anydraft.hardware.device_check")
+    parser = argparse.ArgumentParser(prog="python -m anydraft.doctor.device_check")
     parser.add_argument("--out", required=True)
     parser.add_argument("--cpu-dry-run", action="store_true")
     parser.add_argument("--budget", type=float, default=BUDGET)

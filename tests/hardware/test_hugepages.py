@@ -1,4 +1,4 @@
-"""Huge pages for the models' weights (models/hugepages.py): when `anydraft` starts itself again
+"""Huge pages for the models' weights (hardware/hugepages.py): when `anydraft` starts itself again
 with glibc's tunable, and that what it added is taken out again for the programs it compares
 with."""
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from anydraft.models import hugepages as hp
+from anydraft.hardware import hugepages as hp
 
 NEW_GLIBC = (2, 36)
 

@@ -6,15 +6,16 @@ it: each size a step scores (1 to 9 tokens) after a short context, and a plain o
 after a long one (where a llama.cpp exact step runs on one thread). A decode made of such calls
 costs at most that much more, whatever the policy drafts: a bound, not an average, so a path
 where only long drafts cost stays off. Measured by ``anydraft doctor`` for a target, once per
-machine, and cached beside the cost curves (hardware/profile.py); never measured behind a
-user's back: where it was not measured, ``auto`` is off and says how to measure it.
+machine, and cached beside the cost curves (hardware/profile.py, which times the calls); never
+measured behind a user's back: where it was not measured, ``auto`` is off and says how to measure it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import profile
+from ..hardware import profile
+from .auto import model_key
 
 # issue 41's rule: exact scoring is on by default where it costs at most this share here
 AUTO_COST = 0.03
@@ -55,11 +56,11 @@ def measure(loaded) -> dict:
 def cached(spec: str, backend: str, dtype: str, device: str) -> dict | None:
     """`measure`'s result for ``spec`` on a path (llama.cpp's dtype: "gguf"), where this
     machine measured it before (`measure_and_save`), else None."""
-    return profile.entry(profile.model_key(spec, backend, dtype, device), "exact")
+    return profile.entry(model_key(spec, backend, dtype, device), "exact")
 
 
 def _key(spec: str, loaded) -> str:
-    return profile.model_key(spec, loaded.backend, loaded.dtype or "gguf", loaded.device.type)
+    return model_key(spec, loaded.backend, loaded.dtype or "gguf", loaded.device.type)
 
 
 def measure_and_save(spec: str, loaded, progress=None) -> dict | None:

@@ -6,13 +6,13 @@ import json
 import sys
 
 from ..errors import AnydraftError
-from ..models import synthetic
+from ..hardware import profile
+from ..hardware.machine import this_machine
+from ..models import auto, exact_cost, synthetic
 from ..models.backends import load
 from ..models.engines import ENGINES
 from ..models.static import SUFFIX as COMPILED
 from ..planning.settings import SETTINGS
-from . import exact_cost, profile
-from .machine import this_machine
 
 LLAMACPP_COPY = "llama.cpp copy"  # the path name doctor prints for a quantized copy
 SERVER_ROWS = SETTINGS.max_auto_batch  # the most rows a server's target scores with `--max-batch auto`
@@ -31,8 +31,8 @@ def gguf_path(engine: str) -> str:
 def _gguf_curves(spec: str, remeasure: bool, progress, engines=None) -> dict[str, dict[int, float]]:
     """``{engine: cost curve}`` of a GGUF model on each llama.cpp-family engine that runs it here
     (``engines``: these only)."""
-    return {engine: profile.curves(spec, engine, ("gguf",), "cpu", progress, remeasure, load=load)[0]["gguf"]
-            for engine in profile.gguf_engines(spec) if engines is None or engine in engines}
+    return {engine: auto.curves(spec, engine, ("gguf",), "cpu", progress, remeasure)[0]["gguf"]
+            for engine in auto.gguf_engines(spec) if engines is None or engine in engines}
 
 
 def report(models: dict[str, str], device: str = "auto", progress=None, remeasure: bool = False,
@@ -47,9 +47,9 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
     out = {"machine": machine.lines(), "native_bf16": machine.native_bf16, "device": device,
            "models": {}}
     for spec, role in models.items():
-        curves = profile.curves(spec, "torch", profile.torch_paths(spec, device, compile), device,
-                                progress, remeasure, load=load)[0]
-        best, serving = profile.fastest(curves), profile.fastest(curves, SERVER_ROWS)
+        curves = auto.curves(spec, "torch", auto.torch_paths(spec, device, compile), device,
+                             progress, remeasure)[0]
+        best, serving = auto.fastest(curves), auto.fastest(curves, SERVER_ROWS)
         paths = {f"torch {d}": c for d, c in curves.items()}
         gguf = _gguf_curves(spec, remeasure, progress)
         paths.update({gguf_path(engine): curve for engine, curve in gguf.items()})
@@ -57,7 +57,7 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
         as_target, as_drafter, as_server = (
             _choice(as_role, path, curves, gguf, rows)
             for as_role, path, rows in (("target", best, 1), ("drafter", best, 1), ("target", serving, SERVER_ROWS)))
-        # what exact scoring costs on each path a target runs on (hardware/exact_cost.py)
+        # what exact scoring costs on each path a target runs on (models/exact_cost.py)
         exact = _exact_costs(spec, [*curves, *gguf], device, remeasure, progress) if role == "target" else {}
         copies = quantized(spec, quantize, remeasure, progress) if "llamacpp" in gguf else {}
         paths.update({copy_path(kind): curve for kind, (_, curve) in copies.items()})
@@ -82,8 +82,8 @@ def report(models: dict[str, str], device: str = "auto", progress=None, remeasur
 
 def _choice(role: str, path: str, curves: dict, gguf: dict, rows: int) -> str:
     """What `auto` runs a model in ``role`` on: the torch ``path`` (of ``curves``) or an engine
-    of ``gguf`` (`profile.best_for`), as doctor names it."""
-    best = profile.best_for(role, {path: curves[path], **gguf}, rows)
+    of ``gguf`` (`auto.best_for`), as doctor names it."""
+    best = auto.best_for(role, {path: curves[path], **gguf}, rows)
     return gguf_path(best) if best in gguf else f"torch {path}"
 
 
@@ -104,7 +104,7 @@ def _exact_costs(spec: str, paths: list[str], device: str, remeasure: bool, prog
 
 
 def _served(path: str, curve: dict) -> tuple[int, float]:
-    rows, tokens_per_s = profile.served(curve, SERVER_ROWS, profile.batches(path))
+    rows, tokens_per_s = profile.served(curve, SERVER_ROWS, auto.batches(path))
     return rows, round(tokens_per_s, 2)
 
 
@@ -122,23 +122,23 @@ def quantized(spec: str, kinds, remeasure: bool, progress) -> dict[str, tuple[st
 
 def advice(spec: str, m: dict, role: str) -> str:
     """Whether a quantized copy would run ``spec`` faster in ``role`` than what ``auto`` runs it
-    on, by `profile.best_for`'s rule (a target by its expected tokens per second, a drafter
+    on, by `auto.best_for`'s rule (a target by its expected tokens per second, a drafter
     by its one-token step). A copy is a different model, so it is the user's choice,
     never made for them; as a drafter it changes nothing in the output, only the speed."""
-    auto = m["backend_auto"][role]
+    runs_on = m["backend_auto"][role]
     curves = {path: {int(k): v for k, v in c.items()} for path, c in m["curves_ms"].items()}
-    faster = [kind for kind in m["copies"] if profile.best_for(
-        role, {auto: curves[auto], copy_path(kind): curves[copy_path(kind)]}) == copy_path(kind)]
+    faster = [kind for kind in m["copies"] if auto.best_for(
+        role, {runs_on: curves[runs_on], copy_path(kind): curves[copy_path(kind)]}) == copy_path(kind)]
     if not faster:
-        return f"no quantized copy of {spec} would beat {auto} as a {role} here"
+        return f"no quantized copy of {spec} would beat {runs_on} as a {role} here"
     best = max(faster, key=lambda kind: m["tokens_per_s"][copy_path(kind)] if role == "target"
                else -curves[copy_path(kind)][1])
     gain = (f"{m['tokens_per_s'][copy_path(best)]:.1f} expected tokens/s against "
-            f"{m['tokens_per_s'][auto]:.1f}" if role == "target"
-            else f"{curves[copy_path(best)][1]:.1f} ms per drafted token against {curves[auto][1]:.1f}")
+            f"{m['tokens_per_s'][runs_on]:.1f}" if role == "target"
+            else f"{curves[copy_path(best)][1]:.1f} ms per drafted token against {curves[runs_on][1]:.1f}")
     what = ("greedy output equals plain decoding of the copy, not of the original" if role == "target"
             else "the output stays exactly the target's; only the acceptance may change")
-    return (f"a {best.upper()} copy of {spec} would run as the {role} at {gain} on {auto}: pass "
+    return (f"a {best.upper()} copy of {spec} would run as the {role} at {gain} on {runs_on}: pass "
             f"--{role} {m['copies'][best]} to use it (a different model: {what})")
 
 
@@ -160,10 +160,10 @@ def print_report(data: dict) -> None:
                   + f" | {m['tokens_per_s'][path]:.1f} | {served['rows']}, {served['tokens_per_s']:.1f} |")
         print(f"dtype auto -> {m['dtype_auto']}: the most expected tokens per second at the prior "
               "acceptance (0.5 per token), over plain and speculative steps")
-        auto = m["backend_auto"]
-        print(f"backend auto -> as a target: {auto['target']} (the same rule); as a drafter: "
-              f"{auto['drafter']} (the cheaper one-token step); as a server's target: "
-              f"{auto['server']} (closest to the best path's plain tokens/s at every load "
+        chosen = m["backend_auto"]
+        print(f"backend auto -> as a target: {chosen['target']} (the same rule); as a drafter: "
+              f"{chosen['drafter']} (the cheaper one-token step); as a server's target: "
+              f"{chosen['server']} (closest to the best path's plain tokens/s at every load "
               f"from 1 to {SERVER_ROWS} requests, each batched up to `--max-batch auto`: served)")
         if m.get("exact"):
             print(exact_lines(m))

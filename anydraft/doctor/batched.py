@@ -2,8 +2,8 @@
 (issue 21; docs/hardware.md).
 
 `--max-batch auto` (server/workers.py) and the batch-aware policy price a call of B rows x q
-new tokens as the one-sequence curve's T(B x q) (profile.py): the linear layers do the same
-work and read the weights once either way. Attention does not: B rows read B caches. This
+new tokens as the one-sequence curve's T(B x q) (hardware/profile.py): the linear layers do the
+same work and read the weights once either way. Attention does not: B rows read B caches. This
 measures the calls themselves, T_batch(B, q), with ``LoadedModel.new_batch`` after a
 context in every row (`CONTEXT`), and reports T_batch(B, q) / T(B x q) and what the
 ``--max-batch auto`` rule (`profile.max_batch`) would choose from either.
@@ -19,13 +19,13 @@ import statistics
 import time
 from pathlib import Path
 
-from ..atomic import write_text
+from ..atomic import cache_dir, write_text
 from ..bench.bound import cost_at
 from ..errors import AnydraftError
-from ..models import catalog
+from ..hardware import profile
+from ..hardware.machine import Machine, this_machine
+from ..models import auto
 from ..planning.settings import SETTINGS
-from . import profile
-from .machine import Machine, this_machine
 
 ROWS = (1, 2, 4, 8)  # rows in one call
 TOKENS = (1, 5)  # new tokens per row: a plain step, and a verification of 4 drafts
@@ -126,7 +126,7 @@ def summarize(calls: dict[tuple[int, int], float], curve: dict[int, float], batc
 
 
 def _path(machine: Machine) -> Path:
-    return catalog.cache_dir() / "profiles" / f"{machine.key}.batched.json"
+    return cache_dir() / "profiles" / f"{machine.key}.batched.json"
 
 
 def cached(model_key: str, machine: Machine | None = None) -> tuple[dict[tuple[int, int], float], int] | None:
@@ -170,8 +170,8 @@ def report(spec: str, backend: str = "auto", dtype: str = "auto", device: str = 
     device = resolve_device(device)
     loaded = load(spec, backend, dtype=dtype, device=device, progress=progress, role="target")
     dtype = loaded.dtype or "gguf"  # the curve's name for a GGUF model as shipped
-    key = profile.model_key(spec, loaded.backend, dtype, loaded.device.type)
-    curve = profile.curve_of(spec, loaded, loaded.backend, progress)
+    key = auto.model_key(spec, loaded.backend, dtype, loaded.device.type)
+    curve = auto.curve_of(spec, loaded, loaded.backend, progress)
     found = None if remeasure else cached(key)
     wanted = {(b, q) for b in rows for q in tokens}
     if found is not None and wanted <= set(found[0]) and found[1] == context_for(
@@ -217,19 +217,19 @@ def markdown(data: dict) -> str:
     if not data["batches"]:
         lines.append("\nthis model runs the rows of a batch one after another (SerialBatch, "
                      "models/batch.py), so `--max-batch auto` keeps 1")
-    auto = data["max_batch_auto"]
+    rule = data["max_batch_auto"]
     lines.append(
         f"\n--max-batch auto (the fewest rows B whose B x 1 call, costing T(B), gives within 5% of "
-        f"the most throughput B / T(B)): {auto['from_batch']} from the batched calls (1 x 1: "
-        f"{auto['reference_ms']['batch']:.1f} ms; measured up to B = {auto['batch_limit']}), "
-        f"{auto['from_curve']} from the one-sequence curve (T(1): {auto['reference_ms']['curve']:.1f} ms; "
-        f"up to {auto['curve_limit']}: what `anydraft serve` chooses; each row's step "
-        f"{auto['curve_slowdown']:.2f}x a lone row's there; a smaller --max-batch bounds that)")
+        f"the most throughput B / T(B)): {rule['from_batch']} from the batched calls (1 x 1: "
+        f"{rule['reference_ms']['batch']:.1f} ms; measured up to B = {rule['batch_limit']}), "
+        f"{rule['from_curve']} from the one-sequence curve (T(1): {rule['reference_ms']['curve']:.1f} ms; "
+        f"up to {rule['curve_limit']}: what `anydraft serve` chooses; each row's step "
+        f"{rule['curve_slowdown']:.2f}x a lone row's there; a smaller --max-batch bounds that)")
     return "\n".join(lines)
 
 
 def doctor_batch(args, progress) -> dict:
-    """``doctor --batch``'s measurement (hardware/doctor.py prints or writes it)."""
+    """``doctor --batch``'s measurement (doctor/report.py prints or writes it)."""
     if not args.target:
         raise AnydraftError("doctor --batch measures a target's batched calls: pass --target NAME")
     if args.drafter:

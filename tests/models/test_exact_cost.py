@@ -1,4 +1,4 @@
-"""``exact="auto"`` (hardware/exact_cost.py): exact scoring where this machine measured that it
+"""``exact="auto"`` (models/exact_cost.py): exact scoring where this machine measured that it
 costs at most `AUTO_COST`, off where it costs more, was not measured or cannot run, and said so
 in the decoder, doctor, /health (tests/server) and the bench."""
 
@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from anydraft import Decoder
-from anydraft.hardware import doctor, exact_cost, profile
+from anydraft.doctor import report as doctor
+from anydraft.hardware import profile
+from anydraft.models import auto, exact_cost
 from anydraft.models.backends import load
 from tests.models.test_synthetic import require_tokenizers
 
@@ -20,7 +22,7 @@ def quiet(monkeypatch):
 
 
 def _store(spec: str, loaded, cost: float) -> None:
-    key = profile.model_key(spec, loaded.backend, loaded.dtype or "gguf", loaded.device.type)
+    key = auto.model_key(spec, loaded.backend, loaded.dtype or "gguf", loaded.device.type)
     profile.store(key, {"cost": cost, "ratios": {"1": 1 + cost}}, "exact")
 
 
@@ -74,7 +76,7 @@ def test_measure_compares_each_call_exact_and_plain(quiet):
 
 def test_doctor_prints_the_cost_per_path(quiet, monkeypatch, capsys):
     require_tokenizers(TINY)
-    monkeypatch.setattr(profile, "torch_paths", lambda spec, device, compile=False: ("float32",))
+    monkeypatch.setattr(auto, "torch_paths", lambda spec, device, compile=False: ("float32",))
     data = doctor.report({TINY: "target"}, device="cpu")
     found = data["models"][TINY]["exact"]["torch float32"]
     assert set(found) == {"cost", "ratios"}

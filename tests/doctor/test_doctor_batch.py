@@ -1,4 +1,4 @@
-"""`anydraft doctor --batch` (hardware/batched.py): batched calls timed at a fixed context, the
+"""`anydraft doctor --batch` (doctor/batched.py): batched calls timed at a fixed context, the
 ratio to the one-sequence curve, the `--max-batch auto` rule on either, the cache, the CLI."""
 
 import dataclasses
@@ -7,10 +7,11 @@ import json
 import pytest
 
 from anydraft.cli import main
+from anydraft.doctor import batched
 from anydraft.errors import AnydraftError
-from anydraft.hardware import batched, profile
-from anydraft.models.backends import LoadedModel
-from tests.hardware.test_profile import AVX512_BF16
+from anydraft.hardware import profile
+from anydraft.models.loaded import LoadedModel
+from tests.hardware.test_machine import AVX512_BF16
 from tests.helpers import byte_tokenizer, save_tiny_pair, tiny_llama
 
 ZEN3 = {1: 0.252, 2: 0.292, 5: 0.340, 9: 0.463, 17: 0.665, 33: 1.005}  # Qwen-1.5B float32+onednn
