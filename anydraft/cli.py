@@ -35,11 +35,12 @@ def cmd_generate(args) -> int:
     sampling = sampling_params(args)  # invalid settings fail before the models load
     if args.logprobs is not None and not args.json:
         raise AnydraftError("--logprobs prints with --json only: add --json")
+    grammar = grammar_of(args)
     from .decoder import Decoder
 
     dec = Decoder(**decoder_options(args))
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, chat=args.chat,
-                  stop=args.stop)
+                  stop=args.stop, grammar=grammar)
     if args.json:
         out = dec.generate(prompt, logprobs=args.logprobs, **kwargs)
         result = {"text": out.text, "token_ids": out.token_ids,
@@ -126,6 +127,26 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def grammar_of(args):
+    """``--json-schema FILE``, ``--regex`` or ``--grammar FILE`` (Lark) as a `Grammar`, or None."""
+    from .constraints.grammar import Grammar
+
+    given = [(kind, value) for kind, value in (("json_schema", args.json_schema), ("regex", args.regex),
+                                                ("lark", args.grammar)) if value is not None]
+    if len(given) > 1:
+        raise AnydraftError("give at most one of --json-schema, --regex and --grammar")
+    if not given:
+        return None
+    kind, value = given[0]
+    if kind == "regex":
+        return Grammar(kind, value)
+    try:
+        with open(value, encoding="utf-8") as f:
+            return Grammar(kind, f.read())
+    except OSError as exc:
+        raise AnydraftError(f"cannot read --{'json-schema' if kind == 'json_schema' else 'grammar'}: {exc}") from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anydraft", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's log-probability and its N (0-20) most likely "
                         "alternatives under the target's processed distribution")
+    s = g.add_argument_group("structured output (the target's distribution restricted to what matches)")
+    s.add_argument("--json-schema", default=None, metavar="FILE", help="the output is JSON valid under this schema")
+    s.add_argument("--regex", default=None, help="the output matches this regular expression")
+    s.add_argument("--grammar", default=None, metavar="FILE", help="the output matches this Lark grammar")
     add_sampling_options(g)
     g.set_defaults(func=cmd_generate)
 

@@ -141,6 +141,8 @@ def soak_one(config: dict, args, log_dir: Path) -> dict:
            "--drafter-backend", "llamacpp", *backend, "--exact", config["exact"],
            "--max-concurrency", str(config["workers"]), "--max-batch", str(config["max_batch"]),
            "--max-queue", str(args.requests), "--max-queued-per-client", str(args.requests),
+           # every client of the soak is 127.0.0.1: one client to the server's fair shares
+           "--max-connections", str(4 * args.requests), "--max-connections-per-client", str(4 * args.requests),
            "--served-model-name", MODEL_ID, "--port", str(port), "--log-level", "warning"]
     server = ServerProcess(cmd, log_dir / f"{label}.log", **{FAULT_ENV: str(fault)},
                            ANYDRAFT_LLAMACPP_CONTEXT=str(args.context))
@@ -192,6 +194,7 @@ def soak_one(config: dict, args, log_dir: Path) -> dict:
             requests=args.requests, poison=sum(1 for o in outcomes if o[0] == "poison"),
             poison_ok=all(o[2] in ("refused", "dropped") for o in outcomes if o[0] == "poison"),
             failed=len(failed), step_fault_bound=config["max_batch"],
+            failed_statuses=sorted({str(o[1]) for o in failed}),
             unrelated_failures=max(0, len(failed) - config["max_batch"]),
             hangs=sum(1 for o in outcomes if o[0] == "hang"),
             differ=sum(1 for o in normal if o[1] == 200 and not o[2]),
@@ -229,7 +232,8 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=2048, help="ANYDRAFT_LLAMACPP_CONTEXT")
     parser.add_argument("--timeout", type=float, default=300, help="seconds after which a request hangs")
     parser.add_argument("--startup-timeout", type=float, default=600)
-    parser.add_argument("--only", default="", help="labels' substring, e.g. 'torch' or '2w-llamacpp'")
+    parser.add_argument("--only", default="", help="substrings of the labels to run, comma-separated, "
+                                                   "e.g. 'torch' or '2w-llamacpp,4w-torch'")
     parser.add_argument("--seed", type=int, default=61)
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
@@ -240,7 +244,8 @@ def main() -> int:
     results = []
     for workers, backend, exact, max_batch in itertools.product(WORKERS, BACKENDS, EXACT, BATCHES):
         config = {"workers": workers, "backend": backend, "exact": exact, "max_batch": max_batch}
-        if args.only not in "{workers}w-{backend}-exact-{exact}-batch{max_batch}".format(**config):
+        label = "{workers}w-{backend}-exact-{exact}-batch{max_batch}".format(**config)
+        if not any(part in label for part in args.only.split(",")):
             continue
         print(f"soak: {config} ...", file=sys.stderr, flush=True)
         results.append(soak_one(config, args, logs))

@@ -123,3 +123,15 @@ def test_backend_errors_name_the_fix(tmp_path):
         Decoder(target=str(tmp_path), backend="llamacpp")
     with pytest.raises(AnydraftError, match="unknown backend"):
         Decoder(target="no-such-model", drafter="x", drafter_backend="onnx")
+
+
+def test_structured_output_options_fail_before_any_model_loads(capsys, tmp_path):
+    """``generate --json-schema/--regex/--grammar``: a missing file, a schema that is not JSON,
+    or two at once exit 2 naming the option, before the target loads ("x" is no model)."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    for flags, message in ((["--json-schema", str(tmp_path / "missing.json")], "cannot read --json-schema"),
+                           (["--json-schema", str(bad)], "not valid JSON"),
+                           (["--regex", "a+", "--grammar", str(bad)], "at most one of")):
+        assert main(["generate", "--target", "x", "--prompt", "hi", *flags]) == 2
+        assert message in capsys.readouterr().err

@@ -79,30 +79,42 @@ class Constraint:
 
     def allowed(self) -> torch.Tensor:
         """The tokens the grammar allows next: a bool row of the logits' width."""
+        return torch.from_numpy(self._bits_per_token() == 1)
+
+    def _bits(self) -> np.ndarray:
+        """llguidance's mask of the next token: bit t (little-endian) set where t is allowed."""
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        return torch.from_numpy(np.unpackbits(bits, count=self.width, bitorder="little").astype(bool))
+        if not bits.any():
+            raise AnydraftError(f"the grammar allows no token here: {first_line(self.matcher.get_error())}")
+        return bits
+
+    def _bits_per_token(self, bits: np.ndarray | None = None) -> np.ndarray:
+        bits = self._bits() if bits is None else bits
+        return np.unpackbits(bits, count=self.width, bitorder="little")
 
     def mask(self, scores: torch.Tensor, candidates: list[int]) -> torch.Tensor:
-        """``scores`` (row i: the target's logits after the first i candidates) with every token
-        the grammar refuses at row i's position at -inf, for the rows up to the first candidate
-        the grammar refuses or that ends the generation (rows past it are never read:
-        verification rejects that candidate at its row and stops there, and nothing follows an
-        end). The grammar state is left as it was."""
-        out, advanced = scores.clone(), 0
+        """``scores`` (row i: the target's logits after the first i candidates; float CPU rows,
+        the step's own), masked in place and returned: every token the grammar refuses at row
+        i's position at -inf, for the rows up to the first candidate the grammar refuses or
+        that ends the generation (rows past it are never read: verification rejects that
+        candidate at its row and stops there, and nothing follows an end). The grammar state
+        is left as it was."""
+        advanced = 0
         try:
             for i in range(len(candidates) + 1):
-                allowed = self.allowed()
-                if not allowed.any():
-                    raise AnydraftError(f"the grammar allows no token here: {first_line(self.matcher.get_error())}")
-                out[i].masked_fill_(~allowed, float("-inf"))
-                if i == len(candidates) or not allowed[candidates[i]] or candidates[i] in self.eos_ids:
+                bits = self._bits()
+                np.putmask(scores[i].numpy(), self._bits_per_token(bits) == 0, -np.inf)
+                if i == len(candidates) or candidates[i] in self.eos_ids:
                     break
-                self._consume(candidates[i])
+                token = candidates[i]
+                if not token < self.width or not (bits[token >> 3] >> (token & 7)) & 1:
+                    break  # refused: rejected at this row
+                self._consume(token)
                 advanced += 1
         finally:
             if advanced:
                 self.matcher.rollback(advanced)
-        return out
+        return scores
 
     def commit(self, tokens: list[int]) -> None:
         """Advance over ``tokens``, the step's committed ones (each allowed by its masked row),

@@ -81,3 +81,24 @@ def test_a_bad_format_is_a_400_naming_it_and_the_server_serves_on(server, body, 
     assert field in bad.json()["error"]["message"]
     good = httpx.post(f"{server.base}/v1/chat/completions", json=chat_body(), timeout=120)
     assert good.status_code == 200
+
+
+def test_the_openai_clients_parse_with_a_pydantic_model(server):
+    """docs/server.md's example: `client.chat.completions.parse` sends a strict schema made
+    from a pydantic model and parses the answer into it."""
+    from openai import OpenAI
+    from pydantic import BaseModel
+
+    class Probe(BaseModel):
+        ok: bool
+        n: int
+
+    with OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        for seed in range(3):
+            answer = client.chat.completions.parse(
+                model=MODEL_ID, response_format=Probe, max_tokens=40, temperature=1.0, seed=seed,
+                messages=[{"role": "user", "content": "the quick brown fox"}])
+            if answer.choices[0].finish_reason == "stop":
+                assert isinstance(answer.choices[0].message.parsed, Probe)
+                return
+    raise AssertionError("no answer ended within max_tokens")
