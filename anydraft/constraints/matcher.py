@@ -67,6 +67,11 @@ class Compiler:
         return Constraint(matcher, self.width, self.eos_ids)
 
 
+def allows(bits: np.ndarray, token: int, width: int) -> bool:
+    """Whether llguidance's mask ``bits`` allows ``token``."""
+    return token < width and bool((bits[token >> 3] >> (token & 7)) & 1)
+
+
 def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
@@ -92,22 +97,29 @@ class Constraint:
         bits = self._bits() if bits is None else bits
         return np.unpackbits(bits, count=self.width, bitorder="little")
 
-    def mask(self, scores: torch.Tensor, candidates: list[int]) -> torch.Tensor:
+    def mask(self, scores: torch.Tensor, candidates: list[int], argmax_only: bool = False) -> torch.Tensor:
         """``scores`` (row i: the target's logits after the first i candidates; float CPU rows,
         the step's own), masked in place and returned: every token the grammar refuses at row
         i's position at -inf, for the rows up to the first candidate the grammar refuses or
         that ends the generation (rows past it are never read: verification rejects that
         candidate at its row and stops there, and nothing follows an end). The grammar state
-        is left as it was."""
+        is left as it was.
+
+        ``argmax_only``: only each row's first maximum will be read (greedy, without a logit
+        bias or log-probabilities); a row whose first maximum the grammar allows is left as it
+        is (its masked first maximum is the same token), which saves unpacking and writing
+        the vocabulary-wide mask (0.2-0.5 ms a row for Qwen2.5's 151,936 ids here)."""
         advanced = 0
         try:
             for i in range(len(candidates) + 1):
                 bits = self._bits()
-                np.putmask(scores[i].numpy(), self._bits_per_token(bits) == 0, -np.inf)
+                row = scores[i].numpy()
+                if not (argmax_only and allows(bits, int(row.argmax()), self.width)):
+                    np.putmask(row, self._bits_per_token(bits) == 0, -np.inf)
                 if i == len(candidates) or candidates[i] in self.eos_ids:
                     break
                 token = candidates[i]
-                if not token < self.width or not (bits[token >> 3] >> (token & 7)) & 1:
+                if not allows(bits, token, self.width):
                     break  # refused: rejected at this row
                 self._consume(token)
                 advanced += 1

@@ -111,7 +111,9 @@ def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal:
     verifying, its proposing and the calls)."""
     start, state, candidates = time.perf_counter(), row.state, proposal.candidates
     if state.constraint is not None:  # the constrained distribution at every row verified
-        scores = state.constraint.mask(scores, candidates)
+        params = state.params
+        argmax_only = params.greedy and not params.logit_bias and state.top_logprobs is None
+        scores = state.constraint.mask(scores, candidates, argmax_only)
     if choice.proposer == "plain":
         n, token = verify_exact(scores, candidates, state.params, state.generator)
     else:
