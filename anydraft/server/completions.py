@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: one flow for both (`complete`),
-answered as one JSON body (`_body`) or as server-sent events (`_events`)."""
+answered as one JSON body (`_body`) or as server-sent events (`_events`); a chat answer that
+calls tools as ``tool_calls`` (tools.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from .generation import Choices, end, next_event, submit
 from .logprobs import logprobs_json
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import ServerState, server_of
+from .tools import answer_of, call_deltas
 
 # anydraft finish reasons -> OpenAI's ("context": the window filled up before max_tokens;
 # "timeout": --request-timeout passed; both are a cut-short answer, as "length" says)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
                   "timeout": "length"}
+NATURAL_ENDS = ("eos", "stop")  # the answer ended by itself: only then are its tool calls read
 
 
 async def chat_completions(request: Request):
@@ -105,8 +108,9 @@ async def _body(state: ServerState, request: Request, choices: Choices, chat: bo
         text = "".join(parts[index])
         logprobs = None if out.logprobs is None else logprobs_json(state.spellings, out.logprobs, chat)[0]
         if chat:
-            body.append({"index": index, "message": {"role": "assistant", "content": text},
-                         "logprobs": logprobs, "finish_reason": reason})
+            message, called = answer_of(choices.tools, text, out.finish_reason in NATURAL_ENDS)
+            body.append({"index": index, "message": {"role": "assistant", **message},
+                         "logprobs": logprobs, "finish_reason": "tool_calls" if called else reason})
         else:
             body.append({"index": index, "text": text, "logprobs": logprobs,
                          "finish_reason": reason})
@@ -119,18 +123,23 @@ async def _body(state: ServerState, request: Request, choices: Choices, chat: bo
 async def _events(state: ServerState, request: Request, req, choices: Choices, chat: bool,
                   cid: str, now: int):
     """The answer as server-sent events: a chunk per piece of text of a choice, its last
-    with the finish reason; an error event if a choice fails; then ``[DONE]``."""
+    with the finish reason; an error event if a choice fails; then ``[DONE]``. A chat answer
+    that may call tools is held from where a call may begin (tools.py `ToolStream`) and its
+    calls sent as ``delta.tool_calls`` chunks before the last."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     model = state.config.model_id
     n = len(choices.jobs)
     offsets = [0] * n  # per choice: characters its tokens' logprobs spelt so far
+    calls = [choices.tools.stream() if choices.tools else None for _ in range(n)]
 
-    def chunk(index: int, piece: str | None, reason=None, tokens=(), **extra) -> str:
+    def chunk(index: int, piece: str | None, reason=None, tokens=(), tool_calls=None, **extra) -> str:
         logprobs = None
         if tokens:  # log-probabilities of the piece's tokens
             logprobs, offsets[index] = logprobs_json(state.spellings, tokens, chat, offsets[index])
         if chat:
             delta = {} if piece is None else {"content": piece}
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             if extra.pop("role", False):
                 delta["role"] = "assistant"
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
@@ -151,18 +160,30 @@ async def _events(state: ServerState, request: Request, req, choices: Choices, c
                 yield chunk(index, "", role=True)
         while None in usages:
             index, kind, payload = await next_event(request, choices)
-            if kind == "delta" and not payload.text:
-                steps[index] += payload.steps
-                tokens[index] += payload.logprobs
-            elif kind == "delta":
-                if first:
+            if kind == "delta":
+                if payload.text and first:
                     _first_token(state, request)
                     first = False
-                spans = [{"text": text, "origin": origin} for text, origin in payload.spans]
-                yield chunk(index, payload.text, tokens=payload.logprobs,
-                            anydraft={"spans": spans, "steps": payload.steps})
+                # a choice that may call tools holds back what may be a call (tools.py)
+                shown = payload.text if calls[index] is None else calls[index].feed(payload.text)
+                if shown == payload.text and shown:
+                    spans = [{"text": text, "origin": origin} for text, origin in payload.spans]
+                    yield chunk(index, shown, tokens=payload.logprobs,
+                                anydraft={"spans": spans, "steps": payload.steps})
+                    continue
+                if shown:  # a piece shown in part: its origins and steps go with the last chunk
+                    yield chunk(index, shown)
+                steps[index] += payload.steps
+                tokens[index] += payload.logprobs
             elif kind == "done":
                 reason, usages[index], stats = _finish(state, payload)
+                if calls[index] is not None:
+                    rest, made = calls[index].finish(payload.finish_reason in NATURAL_ENDS)
+                    if rest:
+                        yield chunk(index, rest)
+                    for delta in call_deltas(made or []):
+                        yield chunk(index, None, tool_calls=delta)
+                    reason = "tool_calls" if made else reason
                 extra = {"anydraft": {**stats, "steps": steps[index]}}
                 if None not in usages and not req.include_usage:
                     extra["usage"] = _total_usage(usages)  # on the chunk the client sees last

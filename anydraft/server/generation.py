@@ -1,6 +1,6 @@
-"""A completion request's generations in the scheduler: its options checked (`options_of`), one
-job per completion (``n``) queued (`submit`), and their events read (`next_event`) until the
-response ends (`end` stops those not finished)."""
+"""A completion request's generations in the scheduler: its options checked (`options_of`; a
+chat request's tools, tools.py `tool_use`), one job per completion (``n``) queued (`submit`),
+and their events read (`next_event`) until the response ends (`end` stops those not finished)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 
 from fastapi import Request
 
+from ..chat import chat_ids
 from ..config import override
 from ..errors import AnydraftError
 from ..request import RequestOptions
@@ -18,6 +19,7 @@ from .errors import ApiError, ClientGone, user_error
 from .gate import client_of
 from .scheduler import Job, QueueFull, SchedulerClosed
 from .state import ServerState
+from .tools import ToolUse, tool_use
 
 DISCONNECT_POLL = 0.25  # seconds between checks that the client is still there
 OPENAI_SAMPLING = SamplingParams(temperature=1.0)  # what a request leaves out (OpenAI's defaults)
@@ -29,6 +31,7 @@ class Choices:
 
     jobs: list[Job]
     events: asyncio.Queue
+    tools: ToolUse | None = None  # the tools a chat answer may call (read back when it ends)
     checked_at: float = 0.0  # loop time of the handler's last check that the client is there
 
 
@@ -43,9 +46,9 @@ class _Tagged:
         self.queue.put_nowait((self.index, *event))
 
 
-def options_of(state: ServerState, req, chat: bool) -> RequestOptions:
-    """The `RequestOptions` of ``req`` (a chat or text completion request), or the `ApiError`
-    naming what to fix."""
+def options_of(state: ServerState, req, chat: bool, tools: ToolUse | None = None) -> RequestOptions:
+    """The `RequestOptions` of ``req`` (a chat or text completion request; ``tools``: its
+    `tool_use`, whose grammar forces calls), or the `ApiError` naming what to fix."""
     config, window = state.config, state.context_window
     if req.model != config.model_id:
         raise ApiError(404, f"model {req.model!r} does not exist: this server serves "
@@ -63,10 +66,12 @@ def options_of(state: ServerState, req, chat: bool) -> RequestOptions:
                        code="invalid_value")
     if max_tokens is None:
         max_tokens = min(config.default_max_tokens if chat else 16, window)
+    # schemas.py refuses a response_format beside calls forced by a grammar
+    grammar = req.grammar if tools is None or tools.grammar is None else tools.grammar
     try:
         return RequestOptions(max_tokens, sampling_of(req, state.decoder.target.logits_width),
                               chat=chat, stop=req.stop_list, method=req.anydraft_method,
-                              logprobs=req.top_alternatives, grammar=req.grammar,
+                              logprobs=req.top_alternatives, grammar=grammar,
                               special_in_content=config.allow_special_in_content)
     except AnydraftError as exc:
         raise user_error(exc) from None
@@ -89,13 +94,19 @@ async def submit(state: ServerState, request: Request, req, chat: bool) -> Choic
     """Queue the generations of ``req`` (a chat or text completion request; ``n``, one job
     each) and wait for one to start; returns them (or raises ApiError)."""
     config, scheduler, metrics = state.config, state.scheduler, state.metrics
-    options = options_of(state, req, chat)
+    tools = tool_use(req, state.tool_format) if chat else None
+    options = options_of(state, req, chat, tools)
     prompt = [m.as_template_message() for m in req.messages] if chat else req.prompt_text
     prompt_param = "messages" if chat else "prompt"
 
     def starter(choice: RequestOptions):
         def start(decoder, rows, job: Job):  # what fails here is the request's fault
-            generation = decoder.start_request(prompt, choice, rows=rows, cancel=job.stop_reason)
+            if tools is None:
+                generation = decoder.start_request(prompt, choice, rows=rows, cancel=job.stop_reason)
+            else:  # the tools rendered by the chat template, with the worker's own tokenizer
+                ids = chat_ids(decoder.target.tokenizer, prompt, choice.special_in_content, tools.tools)
+                generation = decoder.start_ids(decoder.check_ids(ids), choice, rows=rows,
+                                               cancel=job.stop_reason)
             limit = config.max_prompt_tokens
             if limit is not None and generation.prompt_tokens > limit:
                 generation.leave()
@@ -111,7 +122,7 @@ async def submit(state: ServerState, request: Request, req, chat: bool) -> Choic
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     choices = Choices([Job(starter(replace(options, sampling=options.sampling.for_choice(i))),
                            loop, client=client, deadline=deadline, events=_Tagged(events, i))
-                       for i in range(req.choices)], events)
+                       for i in range(req.choices)], events, tools)
     try:
         scheduler.submit(*choices.jobs)
     except QueueFull as exc:

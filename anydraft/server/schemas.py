@@ -6,6 +6,7 @@ unknown fields are ignored, as clients send many optional ones.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..constraints.grammar import Grammar
 from ..errors import AnydraftError
 from ..sampling import MAX_TOP_LOGPROBS
+from .tools import check_tools
 
 MAX_TOKENS_CAP = 1_000_000  # a static sanity bound; the context window is checked per request
 MAX_STOP = 4
@@ -20,6 +22,7 @@ MAX_STOP = 4
 # runs and a place in the queue while it waits, so one request may take at most this many
 MAX_N = 16
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, OpenAI's cap
+MAX_TOOLS = 128  # tools of one request, OpenAI's cap
 TOP_K_OFF = -1  # vLLM's spelling of "no top-k", which clients built for vLLM send
 
 
@@ -142,18 +145,38 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str  # JSON text, as OpenAI writes it
+
+
+class ToolCall(_Strict):
+    id: str = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None  # null: an assistant turn that only called tools
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # null or left out: an assistant turn that only called tools
+    content: str | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = Field(None, max_length=256)  # a tool turn: the call it answers
 
     @model_validator(mode="after")
     def _content(self):
         if self.content is None and self.role != "assistant":
-            raise ValueError(f"content: may be null only in assistant messages, not {self.role}")
+            raise ValueError(f"content: may be null or left out only in assistant messages, not {self.role}")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls: only in assistant messages, not {self.role}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message needs the id of the call it answers")
         return self
 
     def as_template_message(self) -> dict:
+        """The message as Hugging Face chat templates take it: content a string; tool calls
+        with their arguments as an object (templates write them with ``tojson``)."""
         if self.content is None:
             content = ""
         elif isinstance(self.content, str):
@@ -162,7 +185,47 @@ class Message(_Strict):
             content = "".join(p.text for p in self.content)
         # chat templates know "system"; OpenAI's newer "developer" role means the same thing
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content}
+        message = {"role": role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+            if self.name is not None:
+                message["name"] = self.name
+        return message
+
+
+def _arguments(text: str):
+    """A call's arguments as an object where they are a JSON object (else the text itself)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema (None: no arguments)
+    strict: bool | None = None  # the arguments are enforced where a grammar forces calls, either way
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedTool(_Strict):
+    name: str
+
+
+class ToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedTool
 
 
 class ChatCompletionRequest(_Sampling):
@@ -170,8 +233,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list | None = None
-    tool_choice: str | dict | None = None
+    tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list | None = None
     function_call: str | dict | None = None
 
@@ -179,13 +243,33 @@ class ChatCompletionRequest(_Sampling):
     def _chat_supported(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs=true, as in OpenAI's API")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise ValueError(f"{name}: tool calling is not supported")
-        for name in ("tool_choice", "function_call"):  # "none" asks for no tool call: fine
-            if getattr(self, name) not in (None, "none"):
-                raise ValueError(f"{name}: tool calling is not supported (only 'none')")
+        if self.functions:
+            raise ValueError("functions: the legacy functions API is not supported: use tools")
+        if self.function_call not in (None, "none"):
+            raise ValueError("function_call: the legacy functions API is not supported: use "
+                             "tools and tool_choice")
+        if self.tools:
+            check_tools([t.model_dump() for t in self.tools])
+        if self.tool_choice in (None, "none"):
+            return self
+        if not self.tools:  # as OpenAI answers
+            raise ValueError("tool_choice: only allowed when tools are given")
+        if self.tool_choice == "auto":
+            return self
+        if isinstance(self.tool_choice, ToolChoice):
+            name = self.tool_choice.function.name
+            if name not in {t.function.name for t in self.tools}:
+                raise ValueError(f"tool_choice: names {name!r}, which is not one of the tools")
+        if self.response_format is not None or self.anydraft_grammar is not None:
+            field = "response_format" if self.response_format is not None else "anydraft_grammar"
+            raise ValueError(f"{field}: tool_choice {self.tool_choice_name!r} constrains the answer "
+                             "to tool calls already: leave one of them out")
         return self
+
+    @property
+    def tool_choice_name(self) -> str:
+        choice = self.tool_choice
+        return choice.function.name if isinstance(choice, ToolChoice) else (choice or "auto")
 
     @property
     def requested_max_tokens(self) -> int | None:

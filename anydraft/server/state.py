@@ -17,6 +17,7 @@ from .connections import Connections
 from .logprobs import spellings_of
 from .metrics import Metrics
 from .scheduler import Scheduler, fair_share
+from .tools import ToolFormat
 from .workers import save_stats
 
 log = logging.getLogger("anydraft.server")
@@ -36,6 +37,8 @@ class ServerState:
     connections: Connections  # its `protocol()` is what uvicorn runs (cli.py)
     # the target's tokens as logprobs spell them: the event loop's own, no worker's tokenizer
     spellings: tuple[bytes, ...]
+    # how the target's chat template takes tools (None: it has none), read at start-up likewise
+    tool_format: ToolFormat | None = None
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
 
     @classmethod
@@ -51,7 +54,8 @@ class ServerState:
             fair_share(config.max_connections) if per_client is None else per_client,
             config.head_timeout, config.trusted_proxies)
         metrics = Metrics(scheduler, model=config.model_id, replica=config.replica)
-        return cls(decoders, config, scheduler, metrics, connections, spellings_of(decoders[0]))
+        return cls(decoders, config, scheduler, metrics, connections, spellings_of(decoders[0]),
+                   ToolFormat.of(decoders[0].target.tokenizer))
 
     @property
     def decoder(self):

@@ -61,7 +61,7 @@ CORPUS = [
     ("messages not a list", 400, _chat(messages="hi")),
     ("message not an object", 400, _chat(messages=["hi"])),
     ("unknown role", 400, _chat(messages=[{"role": "wizard", "content": "hi"}])),
-    ("tool role", 400, _chat(messages=[{"role": "tool", "content": "hi"}])),
+    ("tool role without tool_call_id", 400, _chat(messages=[{"role": "tool", "content": "hi"}])),
     ("missing role", 400, _chat(messages=[{"content": "hi"}])),
     ("missing content", 400, _chat(messages=[{"role": "user"}])),
     ("null content", 400, _chat(messages=[{"role": "user", "content": None}])),
@@ -98,7 +98,12 @@ CORPUS = [
     ("too many stops", 400, _chat(stop=["a", "b", "c", "d", "e"])),
     ("empty stop string", 400, _chat(stop=[""])),
     ("presence penalty", 400, _chat(presence_penalty=1.0)),
-    ("tools", 400, _chat(tools=[{"type": "function", "function": {"name": "f"}}])),
+    ("tools on a template without tools", 400, _chat(tools=[{"type": "function", "function": {"name": "f"}}])),
+    ("tool without a name", 400, _chat(tools=[{"type": "function", "function": {"description": "f"}}])),
+    ("tool with a bad schema", 400, _chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "objectx"}}}])),
+    ("tool_choice names no tool", 400, _chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                             tool_choice={"type": "function", "function": {"name": "g"}})),
     ("top_logprobs without logprobs", 400, _chat(top_logprobs=2)),
     # -- prompts the model cannot take
     ("prompt longer than context", 400, _chat(messages=[{"role": "user", "content": "hello " * (CONTEXT + 50)}])),

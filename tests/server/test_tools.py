@@ -1,0 +1,447 @@
+"""Tool calling through the server (issue 63): ``tools`` rendered by the model's chat template,
+``tool_choice`` "required" and named functions forced by a grammar, answers read back into
+``tool_calls`` (Hermes/Qwen ``<tool_call>`` and Llama-3 JSON), streamed as ``delta.tool_calls``.
+
+The tiny random model's template has no tools (a 400); in-process servers give its tokenizer a
+Hermes or a Llama-3 style template, where only the grammar makes its noise a valid call. The
+parser and the stream are tested on text; the rendering on the catalog's Qwen tokenizer; one
+real test drives a three-turn tool loop on qwen2.5-coder-0.5b with the official client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from anydraft.server.tools import (
+    CALL_LAYOUT,
+    ToolFormat,
+    ToolStream,
+    ToolUse,
+    answer_of,
+    call_deltas,
+    call_grammar,
+    check_tools,
+    parse_calls,
+)
+from tests.conftest import require_llamacpp, require_model
+from tests.server.conftest import MODEL_ID, chat_body
+from tests.server_process import Server
+
+CHAT = "/v1/chat/completions"
+WEATHER = {"type": "object",
+           "properties": {"unit": {"type": "string", "enum": ["c", "f"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["unit", "days"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}},
+        "required": ["zone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+NAMES = frozenset(SCHEMAS)
+
+# a Hermes-style template (Qwen2.5's shape, shortened) and a Llama-3.1-style one
+HERMES = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}"
+    "{% endfor %}\n</tools>\nCall one as <tool_call>\n{\"name\": <name>, \"arguments\": <args>}\n"
+    "</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant"
+    "{% for c in m.tool_calls %}\n<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA = (
+    "{%- if tools %}<|im_start|>system\nRespond with {\"name\": function name, \"parameters\": "
+    "dictionary of arguments}.{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n"
+    "{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{% for c in m.tool_calls %}{\"name\": \"{{ c.function.name }}\", \"parameters\": "
+    "{{ c.function.arguments | tojson }}}{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>ipython\n{{ m.content }}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+HERMES_FORMAT = ToolFormat("hermes", "arguments", '"<tool_call>"', '"</tool_call>"')
+JSON_FORMAT = ToolFormat("json", "parameters")
+
+
+def _use(fmt=HERMES_FORMAT, grammar=None) -> ToolUse:
+    return ToolUse(TOOLS, NAMES, fmt, grammar)
+
+
+def _check_calls(calls: list) -> None:
+    ids = [c["id"] for c in calls]
+    assert len(set(ids)) == len(ids) and all(i.startswith("call_") for i in ids)
+    for call in calls:
+        assert call["type"] == "function"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+
+
+# -- reading answers ---------------------------------------------------------------------------
+def test_hermes_calls_one_or_several_with_text_before():
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 2}}\n</tool_call>'
+    before, calls = parse_calls(one, NAMES)
+    assert before == "" and [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"unit": "c", "days": 2}
+    two = ("Let me look.\n" + one + "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": "
+           "{\"zone\": \"utc\"}}\n</tool_call>\n")
+    before, calls = parse_calls(two, NAMES)
+    assert before == "Let me look.\n" and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    _check_calls(calls)
+    # the last call may end with the turn instead of its closing tag; arguments as JSON text
+    _, calls = parse_calls('<tool_call>\n{"name": "get_time", "arguments": "{\\"zone\\": \\"cet\\"}"}',
+                           NAMES)
+    assert json.loads(calls[0]["function"]["arguments"]) == {"zone": "cet"}
+
+
+@pytest.mark.parametrize("text", [
+    "just an answer",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 2}\n</tool_call>',  # a brace short
+    '<tool_call>\n{"name": "get_stock", "arguments": {}}\n</tool_call>',  # not a tool
+    '<tool_call>\n{"name": "get_time", "arguments": [1]}\n</tool_call>',  # arguments not an object
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call> and then some text',
+    '{"name": "get_time", "arguments": {"zone": "utc"}} and then some text',
+])
+def test_what_is_not_calls_stays_text(text):
+    assert parse_calls(text, NAMES) is None
+    assert answer_of(_use(), text, natural_end=True) == ({"content": text}, False)
+
+
+def test_bare_json_calls_llama_and_small_qwens():
+    text = '{"name": "get_weather", "parameters": {"unit": "f", "days": 7}}'
+    before, calls = parse_calls(text, NAMES)
+    assert before == "" and json.loads(calls[0]["function"]["arguments"]) == {"unit": "f", "days": 7}
+    _, calls = parse_calls('<|python_tag|>' + text + '; {"name": "get_time", "parameters": {"zone": "utc"}}',
+                           NAMES)
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    _check_calls(calls)
+    _, calls = parse_calls('  {"name": "get_time", "arguments": {"zone": "utc"}}\n', NAMES)  # Qwen's keys
+    assert json.loads(calls[0]["function"]["arguments"]) == {"zone": "utc"}
+    for bad in ('{"name": "get_weather", "parameters": {"unit": "f"', "The weather is fine.",
+                '{"answer": 42}', text + " thanks", "Sure: " + text):
+        assert parse_calls(bad, NAMES) is None, bad
+
+
+def test_an_answer_cut_short_is_not_read():
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    message, called = answer_of(_use(), text, natural_end=True)
+    assert called and message["content"] is None and len(message["tool_calls"]) == 1
+    assert answer_of(_use(), text, natural_end=False) == ({"content": text}, False)
+    assert answer_of(None, text, natural_end=True) == ({"content": text}, False)  # tool_choice none
+
+
+def test_the_stream_shows_text_and_holds_calls():
+    text = ('Checking.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+            '\n<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 1}}\n</tool_call>')
+    for size in (1, 3, 7, len(text)):  # the marker split across pieces anywhere
+        stream = ToolStream(_use())
+        shown = "".join(stream.feed(text[i:i + size]) for i in range(0, len(text), size))
+        rest, calls = stream.finish(natural_end=True)
+        assert shown + rest == "Checking.\n" and [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
+    # text that only looks like a marker is shown whole; a malformed call comes back as text
+    for text in ("a <tool> and <tool_c", '<tool_call>\n{"name": "get_time", "arguments": {"zone": '):
+        stream = ToolStream(_use())
+        shown = "".join(stream.feed(c) for c in text)
+        rest, calls = stream.finish(natural_end=True)
+        assert shown + rest == text and calls is None
+
+
+def test_the_stream_of_a_bare_json_answer():
+    call = '{"name": "get_time", "parameters": {"zone": "cet"}}'
+    for fmt in (JSON_FORMAT, HERMES_FORMAT):
+        stream = ToolStream(_use(fmt))
+        assert "".join(stream.feed(c) for c in "  " + call) == ""
+        rest, calls = stream.finish(natural_end=True)
+        assert rest == "" and calls[0]["function"]["name"] == "get_time"
+        stream = ToolStream(_use(fmt))
+        assert "".join(stream.feed(c) for c in "Hi {there}") == "Hi {there}"
+        assert stream.finish(natural_end=True) == ("", None)
+        stream = ToolStream(_use(fmt))  # JSON that is no call comes out whole, at the end
+        assert stream.feed('{"answer": 42}') == "" and stream.finish(natural_end=True) == ('{"answer": 42}', None)
+
+
+def test_call_deltas_as_openai_streams_them():
+    calls = parse_calls('{"name": "get_time", "parameters": {"zone": "cet"}}', NAMES)[1]
+    first, second = call_deltas(calls)
+    assert first == [{"index": 0, "id": calls[0]["id"], "type": "function",
+                      "function": {"name": "get_time", "arguments": ""}}]
+    assert second == [{"index": 0, "function": {"arguments": '{"zone": "cet"}'}}]
+
+
+# -- the template and the grammar --------------------------------------------------------------
+def test_the_format_comes_from_the_template():
+    import copy
+
+    from tests.helpers import byte_tokenizer
+
+    tok = copy.deepcopy(byte_tokenizer())  # the cached one is every test's: left as it is
+    assert ToolFormat.of(tok) is None  # no tools in its template
+    tok.chat_template = HERMES
+    assert ToolFormat.of(tok) == HERMES_FORMAT  # "<tool_call>" is text there: quoted
+    tok.chat_template = LLAMA
+    assert ToolFormat.of(tok) == JSON_FORMAT
+
+
+def test_check_tools_names_the_bad_tool():
+    check_tools(TOOLS)
+    with pytest.raises(ValueError, match="'broken'"):
+        check_tools([*TOOLS, {"type": "function", "function": {"name": "broken",
+                                                               "parameters": {"type": "objectx"}}}])
+    with pytest.raises(ValueError, match="named 'get_time'"):
+        check_tools([*TOOLS, TOOLS[1]])
+    with pytest.raises(ValueError, match="tools\\[0\\]"):
+        check_tools([{"type": "function", "function": {"name": "has space"}}])
+
+
+def _accepted(compiler, grammar, tok, text: str) -> bool:
+    constraint = compiler.constraint(grammar)
+    for token in tok.encode(text, add_special_tokens=False):
+        if not constraint.allowed()[token]:
+            return False
+        constraint.commit([token])
+    return bool(constraint.allowed()[sorted(compiler.eos_ids)[0]])  # complete: the end may follow
+
+
+def test_the_grammar_takes_calls_of_the_forced_tools_only():
+    from anydraft.constraints.matcher import Compiler
+    from tests.helpers import byte_tokenizer
+
+    tok = byte_tokenizer()
+    compiler = Compiler(tok, len(tok), frozenset({tok.convert_tokens_to_ids("<|im_end|>")}))
+    weather = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 3}}\n</tool_call>'
+    time = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    many = call_grammar(HERMES_FORMAT, TOOLS, many=True)
+    assert _accepted(compiler, many, tok, weather) and _accepted(compiler, many, tok, weather + "\n" + time)
+    assert not _accepted(compiler, many, tok, weather.replace('"days": 3', '"days": 9'))
+    assert not _accepted(compiler, many, tok, "Sure! " + weather)
+    named = call_grammar(HERMES_FORMAT, TOOLS[1:], many=False)
+    assert _accepted(compiler, named, tok, time) and not _accepted(compiler, named, tok, weather)
+    assert not _accepted(compiler, named, tok, time + "\n" + time)
+    # a schema with definitions of its own (as pydantic writes them), inside the call's schema
+    located = {"type": "object", "properties": {"at": {"$ref": "#/$defs/Place"}}, "required": ["at"],
+               "additionalProperties": False,
+               "$defs": {"Place": {"type": "string", "enum": ["home", "work"]}}}
+    where = [{"type": "function", "function": {"name": "go", "parameters": located}}]
+    check_tools(where)
+    call = '<tool_call>\n{"name": "go", "arguments": {"at": "home"}}\n</tool_call>'
+    for tools in (where, where + TOOLS):
+        grammar = call_grammar(HERMES_FORMAT, tools, many=False)
+        assert _accepted(compiler, grammar, tok, call)
+        assert not _accepted(compiler, grammar, tok, call.replace("home", "mars"))
+    llama = call_grammar(JSON_FORMAT, TOOLS, many=False)
+    assert _accepted(compiler, llama, tok, '{"name": "get_time", "parameters": {"zone": "cet"}}')
+    assert "x-guidance" in many.source and json.dumps(CALL_LAYOUT) in many.source
+
+
+def test_qwen_renders_tools_and_a_tool_loop_and_its_grammar_takes_its_own_call():
+    """The catalog's Qwen2.5 template: the tools in its system turn, an earlier call and its
+    result in the shape Hugging Face templates take (arguments an object); ``<tool_call>``
+    is a token of its own there, which the grammar names as such."""
+    from anydraft.chat import chat_ids
+    from anydraft.constraints.matcher import Compiler
+    from anydraft.models.loading import load_tokenizer
+    from anydraft.server.schemas import ChatCompletionRequest
+
+    tok = load_tokenizer(require_model("qwen2.5-coder-0.5b"))
+    fmt = ToolFormat.of(tok)
+    assert fmt == ToolFormat("hermes", "arguments", "<tool_call>", "</tool_call>")
+    req = ChatCompletionRequest.model_validate({"model": "m", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"unit": "c", "days": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]})
+    messages = [m.as_template_message() for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    text = tok.decode(chat_ids(tok, messages, tools=tools))
+    assert '"name": "get_weather"' in text and "<tools>" in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 2}}\n</tool_call>' in text
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
+    assert tok.decode(chat_ids(tok, messages[:1])) != tok.decode(chat_ids(tok, messages[:1], tools=tools))
+    eos = frozenset(tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    compiler = Compiler(tok, len(tok), eos)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "f", "days": 5}}\n</tool_call>'
+    assert _accepted(compiler, call_grammar(fmt, TOOLS, many=True), tok, call)
+
+
+# -- the server --------------------------------------------------------------------------------
+def test_a_template_without_tools_is_a_400_and_none_renders_nothing(server, decoder):
+    r = httpx.post(server.base + CHAT, json=chat_body(tools=TOOLS), timeout=60)
+    assert r.status_code == 400 and "chat template has no tools" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "tools"
+    ref = decoder.generate("hello there", max_new_tokens=12, temperature=0.0).text
+    r = httpx.post(server.base + CHAT, json=chat_body(tools=TOOLS, tool_choice="none"), timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ref
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools.0.function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "objectx"}}}]}, "'x'"),
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": [1]}}]}, "tools.0.function.parameters"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+    ({"tools": TOOLS + TOOLS[:1]}, "two tools are named 'get_weather'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope'"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "only allowed when tools are given"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"functions": [{"name": "f"}]}, "use tools"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, None),  # empty: fine
+    ({"messages": [{"role": "user", "content": "x",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "only in assistant messages"),
+])
+def test_bad_tools_are_400s_naming_them(server, body, words):
+    r = httpx.post(server.base + CHAT, json=chat_body(**body), timeout=60)
+    if words is None:
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"], r.json()
+
+
+@pytest.fixture(scope="module")
+def tool_servers(decoder):
+    """In-process servers over the tiny model whose tokenizer has a Hermes or a Llama-3 template."""
+    import copy
+    from contextlib import ExitStack
+
+    from anydraft import Decoder
+    from anydraft.server.app import create_app
+    from anydraft.server.config import ServerConfig
+    from tests.server.conftest import serve_in_thread
+
+    with ExitStack() as stack:
+        bases = {}
+        for name, template in (("hermes", HERMES), ("llama", LLAMA)):
+            tok = copy.deepcopy(decoder.target.tokenizer)
+            tok.chat_template = template
+            dec = Decoder(target=decoder.target.model, tokenizer=tok, dtype="float32")
+            app = create_app([dec], ServerConfig(model_id=MODEL_ID))
+            bases[name] = stack.enter_context(serve_in_thread(app))
+        yield bases
+
+
+def _client(base):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _streamed(chunks) -> tuple[str, list, str]:
+    """A stream's content, its tool calls put together as the openai client's users do, and
+    its finish reason."""
+    content, calls, reason = "", {}, None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or ():
+            call = calls.setdefault(delta.index, {"id": None, "type": "function",
+                                                  "function": {"name": "", "arguments": ""}})
+            call["id"] = delta.id or call["id"]
+            if delta.function:
+                call["function"]["name"] += delta.function.name or ""
+                call["function"]["arguments"] += delta.function.arguments or ""
+        reason = choice.finish_reason or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
+@pytest.mark.parametrize("style", ["hermes", "llama"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_and_named_calls_always_parse(tool_servers, style, stream):
+    """The random model writes noise: only the grammar makes it a call, and then it always
+    reads back as one, whose arguments validate."""
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    with _client(tool_servers[style]) as client:
+        for seed, choice in enumerate(["required", {"type": "function", "function": {"name": "get_time"}},
+                                       "required"]):
+            kwargs = dict(model=MODEL_ID, messages=messages, tools=TOOLS, tool_choice=choice,
+                          parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=seed)
+            if stream:
+                content, calls, reason = _streamed(client.chat.completions.create(stream=True, **kwargs))
+                assert content == ""
+            else:
+                answer = client.chat.completions.create(**kwargs).choices[0]
+                reason, calls = answer.finish_reason, [c.model_dump() for c in answer.message.tool_calls]
+                assert answer.message.content is None
+            assert reason == "tool_calls" and len(calls) == 1
+            _check_calls(calls)
+            if isinstance(choice, dict):
+                assert calls[0]["function"]["name"] == "get_time"
+
+
+def test_parallel_calls_and_a_three_turn_loop(tool_servers):
+    with _client(tool_servers["hermes"]) as client:
+        messages = [{"role": "user", "content": "hello there"}]
+        answer = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=TOOLS,
+                                                tool_choice="required", max_tokens=600,
+                                                temperature=1.0, seed=5, n=3).choices
+        for choice in answer:  # several calls may follow each other; each parses
+            if choice.finish_reason == "tool_calls":
+                _check_calls([c.model_dump() for c in choice.message.tool_calls])
+            else:
+                assert choice.finish_reason == "length"
+        called = next(c for c in answer if c.finish_reason == "tool_calls").message
+        messages += [called.model_dump(exclude_none=True)]
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": "21 C"} for c in called.tool_calls]
+        final = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=TOOLS,
+                                               max_tokens=8, temperature=0.0)
+        assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        content, calls, reason = _streamed(client.chat.completions.create(
+            model=MODEL_ID, messages=messages, tools=TOOLS, max_tokens=8, temperature=0.0, stream=True))
+        assert content == (final.choices[0].message.content or "") and reason == final.choices[0].finish_reason
+
+
+# -- a real model ------------------------------------------------------------------------------
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_three_turn_tool_loop_on_qwen_with_the_openai_client(tmp_path):
+    """The official client: a forced call, the tool's result, then an answer with "auto", on
+    the catalog's Qwen2.5 (llama.cpp), streamed and not."""
+    require_llamacpp()
+    require_model("qwen2.5-coder-0.5b")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                       "required": ["city"], "additionalProperties": False}}}]
+    server = Server("qwen2.5-coder-0.5b", tmp_path / "server.log", "--target-backend", "llamacpp")
+    try:
+        server.wait_ready()
+        with _client(server.base) as client:
+            for stream in (False, True):
+                messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+                kwargs = dict(model=MODEL_ID, tools=tools, max_tokens=60, temperature=0.0)
+                if stream:
+                    _, calls, reason = _streamed(client.chat.completions.create(
+                        messages=messages, tool_choice="required", parallel_tool_calls=False,
+                        stream=True, **kwargs))
+                else:  # one call: with more allowed, this small model asks for other cities too
+                    answer = client.chat.completions.create(messages=messages, tool_choice="required",
+                                                            parallel_tool_calls=False, **kwargs).choices[0]
+                    reason, calls = answer.finish_reason, [c.model_dump() for c in answer.message.tool_calls]
+                assert reason == "tool_calls" and calls[0]["function"]["name"] == "get_weather"
+                assert "paris" in json.loads(calls[0]["function"]["arguments"])["city"].lower()
+                messages += [{"role": "assistant", "content": None, "tool_calls": calls},
+                             {"role": "tool", "tool_call_id": calls[0]["id"],
+                              "content": '{"temperature_c": 21, "sky": "sunny"}'}]
+                if stream:
+                    content, calls, reason = _streamed(client.chat.completions.create(
+                        messages=messages, tool_choice="auto", stream=True, **kwargs))
+                else:
+                    answer = client.chat.completions.create(messages=messages, tool_choice="auto",
+                                                            **kwargs).choices[0]
+                    content, calls, reason = answer.message.content, answer.message.tool_calls, answer.finish_reason
+                assert reason in ("stop", "length") and not calls, (content, calls)
+                assert "21" in content, content
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log(), server.log()
