@@ -77,10 +77,9 @@ def test_sampled_constrained_tli_matches_plain_constrained_sampling(real_model):
     """Chi-square (level 0.01), as tests/methods/test_statistical.py's end-to-end test: 300
     seeded two-token generations of tli under a regex, on SmolLM2 (float32) drafted by Gemma-3
     on llama.cpp (another vocabulary), against the exact constrained distribution over those two tokens."""
-    from scipy.stats import chisquare
-
     from anydraft.models.session import HFSession
     from anydraft.sampling import SamplingParams
+    from tests.methods.test_statistical import exact_two_tokens, two_tokens_pvalue
 
     target, drafter = "smollm2-135m", "gemma3-270m"
     tmodel, tok = real_model(target), load_tokenizer(target)
@@ -90,27 +89,13 @@ def test_sampled_constrained_tli_matches_plain_constrained_sampling(real_model):
     prompt, runs = "Name one colour:", 300
     seqs = [tuple(dec.generate(prompt, max_new_tokens=2, temperature=1.0, seed=s, chat=True,
                                method="tli", grammar=grammar).token_ids) for s in range(runs)]
-    params, ids, session = SamplingParams(temperature=1.0), dec.prompt_ids(prompt), HFSession(tmodel)
+    params = SamplingParams(temperature=1.0)
 
-    def constrained(logits, state):
+    def constrained(logits, new):  # plain constrained sampling after the new tokens ``new``
+        state = dec.grammars.constraint(grammar)
+        state.commit(list(new))
         return params.probs(logits.masked_fill(~state.allowed(), float("-inf"))).double()
 
-    p1 = constrained(session.feed(ids, rows=1)[-1], dec.grammars.constraint(grammar))
-    exact = {}
-    for first in sorted({s[0] for s in seqs}):
-        session.rollback(len(ids))
-        if first in dec.eos_ids:
-            exact[(first,)] = float(p1[first])
-            continue
-        state = dec.grammars.constraint(grammar)
-        state.commit([first])
-        p2 = constrained(session.feed([first], rows=1)[-1], state)
-        for second in {s[1] for s in seqs if s[0] == first}:
-            exact[(first, second)] = float(p1[first] * p2[second])
+    exact = exact_two_tokens(seqs, HFSession(tmodel), dec.prompt_ids(prompt), dec.eos_ids, constrained)
     assert all(exact[s] > 0 for s in set(seqs))  # nothing the grammar refuses came out
-    observed = {s: seqs.count(s) for s in set(seqs)}
-    big = [s for s in exact if exact[s] * runs >= 5]
-    obs = [observed.get(s, 0) for s in big] + [runs - sum(observed.get(s, 0) for s in big)]
-    exp = [exact[s] * runs for s in big] + [runs * (1 - sum(exact[s] for s in big))]
-    assert len(big) >= 2, "prompt too peaked to test anything"
-    assert chisquare(obs, exp).pvalue > 0.01
+    assert two_tokens_pvalue(seqs, exact) > 0.01

@@ -308,23 +308,35 @@ def test_end_to_end_two_tokens_match_plain_sampling(real_model, method):
     seqs = [tuple(dec.generate(prompt, max_new_tokens=2, temperature=1.0, seed=s, chat=True,
                                method=method).token_ids) for s in range(runs)]
     assert all(len(s) == 2 or s[-1] in dec.eos_ids for s in seqs)
-    # exact probability of every observed 2-token sequence under plain sampling
     params = SamplingParams(temperature=1.0)
-    ids = dec.prompt_ids(prompt)
-    session = HFSession(tmodel)
-    p1 = params.probs(session.feed(ids, rows=1)[-1]).double()
+    exact = exact_two_tokens(seqs, HFSession(tmodel), dec.prompt_ids(prompt), dec.eos_ids,
+                             lambda logits, new: params.probs(logits).double())
+    assert two_tokens_pvalue(seqs, exact) > LEVEL
+
+
+def exact_two_tokens(seqs: list[tuple], session, ids: list[int], eos_ids, probs) -> dict:
+    """The exact probability of every sequence of ``seqs`` (two new tokens, or one that ended)
+    under plain sampling from ``session`` after ``ids``: ``probs(logits, new)`` is the
+    distribution after the new tokens ``new`` (a tuple)."""
+    p1 = probs(session.feed(ids, rows=1)[-1], ())
     exact = {}
     for first in sorted({s[0] for s in seqs}):
         session.rollback(len(ids))
-        if first in dec.eos_ids:
+        if first in eos_ids:
             exact[(first,)] = float(p1[first])
             continue
-        p2 = params.probs(session.feed([first], rows=1)[-1]).double()
+        p2 = probs(session.feed([first], rows=1)[-1], (first,))
         for second in {s[1] for s in seqs if s[0] == first}:
             exact[(first, second)] = float(p1[first] * p2[second])
-    observed = {s: seqs.count(s) for s in set(seqs)}
+    return exact
+
+
+def two_tokens_pvalue(seqs: list[tuple], exact: dict) -> float:
+    """Chi-square p-value of the observed ``seqs`` against ``exact``, over the sequences
+    expected at least 5 times and the rest pooled."""
+    runs, observed = len(seqs), {s: seqs.count(s) for s in set(seqs)}
     big = [s for s in exact if exact[s] * runs >= 5]
     obs = [observed.get(s, 0) for s in big] + [runs - sum(observed.get(s, 0) for s in big)]
     exp = [exact[s] * runs for s in big] + [runs * (1 - sum(exact[s] for s in big))]
     assert len(big) >= 2, "prompt too peaked to test anything"
-    assert chisquare(obs, exp).pvalue > LEVEL
+    return chisquare(obs, exp).pvalue
