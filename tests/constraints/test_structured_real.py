@@ -45,9 +45,9 @@ def test_every_method_gives_plain_constrained_greedy_output_that_validates(decod
     for prompt in PROMPTS:
         want = decoder.generate(prompt, MAX_NEW, method="ar", grammar=grammar)
         jsonschema.validate(json.loads(want.text), SCHEMA)
-        free = decoder.generate(prompt, MAX_NEW, method="ar")
-        assert free.token_ids != want.token_ids  # the grammar changed the output: the test can fail
-        for method in ("slem", "tli", "lookup", "auto"):
+        if prompt == PROMPTS[0]:  # the grammar changes the output: the test can fail
+            assert decoder.generate(prompt, MAX_NEW, method="ar").token_ids != want.token_ids
+        for method in ("slem", "tli", "auto"):  # auto: slem with prompt lookup
             out = decoder.generate(prompt, MAX_NEW, method=method, grammar=grammar)
             assert out.token_ids == want.token_ids, (method, prompt, out.text, want.text)
             accepted += out.stats["accepted"]
