@@ -17,6 +17,8 @@ masks along a draft are computed ahead and rolled back at once.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 
 import numpy as np
@@ -25,22 +27,19 @@ import torch
 from ..errors import AnydraftError
 from .grammar import Grammar
 
-# llguidance's view of a tokenizer, per (tokenizer, logits width, end tokens): building one
-# walks the whole vocabulary (2.4 s for Qwen2.5's 151,936 tokens on a Zen 4), and the server's
-# workers each hold a copy of the same tokenizer
+# llguidance's view of a tokenizer, per (its vocabulary's digest, logits width, end tokens):
+# building one walks the whole vocabulary (2.4 s for Qwen2.5's 151,936 tokens on a Zen 4), and
+# the server's workers each hold a copy of the same tokenizer
 _tokenizers: dict[tuple, object] = {}
 _building = threading.Lock()
 
 
-def _lltokenizer(tokenizer, width: int, eos_ids: frozenset[int]):
-    import llguidance.hf
-
-    key = (getattr(tokenizer, "name_or_path", ""), len(tokenizer), width, tuple(sorted(eos_ids)))
-    with _building:
-        if key not in _tokenizers:
-            _tokenizers[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=width,
-                                                            eos_token=sorted(eos_ids))
-        return _tokenizers[key]
+def _digest(tokenizer) -> str:
+    """What tells two tokenizers apart whatever their names (two in-memory ones share the name
+    ""): the fast tokenizer's whole definition, else its vocabulary."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class Compiler:
@@ -49,19 +48,29 @@ class Compiler:
 
     def __init__(self, tokenizer, width: int, eos_ids: frozenset[int]):
         self.tokenizer, self.width, self.eos_ids = tokenizer, width, eos_ids
+        self._key = None  # `_lltokenizer`'s, made at the first grammar
+
+    def _lltokenizer(self):
+        import llguidance.hf
+
+        if self._key is None:
+            self._key = (_digest(self.tokenizer), self.width, tuple(sorted(self.eos_ids)))
+        with _building:
+            if self._key not in _tokenizers:
+                _tokenizers[self._key] = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.width, eos_token=sorted(self.eos_ids))
+            return _tokenizers[self._key]
 
     def constraint(self, grammar: Grammar) -> Constraint:
         """A fresh `Constraint` of ``grammar`` (compiling a schema takes milliseconds); a grammar
         llguidance cannot compile raises `AnydraftError` with its reason."""
         from llguidance import LLMatcher
 
-        if not isinstance(grammar, Grammar):
-            raise AnydraftError(f"a grammar is an anydraft.constraints.Grammar, got {type(grammar).__name__}")
         try:
             text = grammar.llguidance()
         except (ValueError, RuntimeError) as exc:
             raise AnydraftError(f"the {grammar.kind} cannot be compiled: {exc}") from None
-        matcher = LLMatcher(_lltokenizer(self.tokenizer, self.width, self.eos_ids), text)
+        matcher = LLMatcher(self._lltokenizer(), text)
         if matcher.is_error():
             raise AnydraftError(f"the {grammar.kind} cannot be compiled: {first_line(matcher.get_error())}")
         return Constraint(matcher, self.width, self.eos_ids)
@@ -84,7 +93,7 @@ class Constraint:
 
     def allowed(self) -> torch.Tensor:
         """The tokens the grammar allows next: a bool row of the logits' width."""
-        return torch.from_numpy(self._bits_per_token() == 1)
+        return torch.from_numpy(self._bits_per_token(self._bits()) == 1)
 
     def _bits(self) -> np.ndarray:
         """llguidance's mask of the next token: bit t (little-endian) set where t is allowed."""
@@ -93,8 +102,7 @@ class Constraint:
             raise AnydraftError(f"the grammar allows no token here: {first_line(self.matcher.get_error())}")
         return bits
 
-    def _bits_per_token(self, bits: np.ndarray | None = None) -> np.ndarray:
-        bits = self._bits() if bits is None else bits
+    def _bits_per_token(self, bits: np.ndarray) -> np.ndarray:
         return np.unpackbits(bits, count=self.width, bitorder="little")
 
     def mask(self, scores: torch.Tensor, candidates: list[int], argmax_only: bool = False) -> torch.Tensor:
