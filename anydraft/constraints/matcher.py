@@ -136,6 +136,26 @@ class Constraint:
                 self.matcher.rollback(advanced)
         return scores
 
+    def forced(self, candidates: list[int], may_cut: bool, most: int) -> tuple[int, list[int]]:
+        """How many of ``candidates`` to offer, and up to ``most`` tokens the grammar forces
+        after them (llguidance's fast-forward tokens: text that no other continuation has,
+        spelt in the tokens the tokenizer gives it, up to where the text that follows could
+        still merge into a token). Offered: every candidate, or where ``may_cut`` those before
+        the first the grammar refuses (verification rejects that one at its row; nothing after
+        it is read). Nothing is forced after a refused candidate or one that ends the
+        generation. The grammar state is left as it was."""
+        valid = self.matcher.validate_tokens(candidates) if candidates else 0
+        kept = valid if may_cut else len(candidates)
+        if most <= 0 or valid < kept or any(token in self.eos_ids for token in candidates[:kept]):
+            return kept, []
+        if kept and not self.matcher.consume_tokens(candidates[:kept]):
+            raise AnydraftError(f"the grammar refused a token: {first_line(self.matcher.get_error())}")
+        try:
+            return kept, self.matcher.compute_ff_tokens()[:most]
+        finally:
+            if kept:
+                self.matcher.rollback(kept)
+
     def commit(self, tokens: list[int]) -> None:
         """Advance over ``tokens``, the step's committed ones (each allowed by its masked row),
         up to the first that ends the generation (what follows it is never emitted)."""

@@ -191,9 +191,10 @@ class Generation:
 
         Tokens after a stop condition within one step are discarded (the target saw them only
         as unverified candidates, or as tokens nobody asked for). Each token's origin goes to
-        the text: an accepted candidate is its proposer's ("draft" or "copy"), the step's last
-        token the target's own."""
+        the text: an accepted candidate is its proposer's ("draft" or "copy"), a token a
+        grammar forced "grammar", the step's last token the target's own."""
         new, n_accepted, offered, proposer = result.tokens, result.accepted, result.offered, result.proposer
+        forced = range(n_accepted, n_accepted + result.forced)
         assert new, f"method {self.method.name} committed nothing"
         stats, kept = self.state.stats, []
         for i, token in enumerate(new[: self.max_new_tokens - self.generated]):
@@ -201,7 +202,8 @@ class Generation:
             if token in self.eos_ids:
                 self.finish.reason = "eos"
                 break
-            if self.text.add(token, proposer if i < n_accepted else "target"):
+            origin = proposer if i < n_accepted else "grammar" if i in forced else "target"
+            if self.text.add(token, origin):
                 self.finish.reason = "stop"
                 break
         self.state.committed.extend(kept)
@@ -215,11 +217,14 @@ class Generation:
             per.extend([0] * (offered - len(per)))
             for i in range(min(n_accepted, len(kept))):
                 per[i] += 1
-        stats.target_tokens += len(kept) - min(n_accepted, len(kept))
+        n_forced = len(forced[: max(0, len(kept) - n_accepted)])
+        stats.forced += n_forced
+        stats.target_tokens += len(kept) - min(n_accepted, len(kept)) - n_forced
         stats.new_tokens = self.generated
         self.close()
         self._steps.append({"proposer": proposer if offered else "plain", "offered": offered,
-                            "accepted": min(n_accepted, len(kept)), "tokens": len(kept),
+                            "accepted": min(n_accepted, len(kept)), "forced": n_forced,
+                            "tokens": len(kept),
                             "seconds": round(time.perf_counter() - self._stepped, 6)})
         return kept
 

@@ -22,7 +22,9 @@ class Stats:
     rejected: int = 0  # drafting steps that ended at a rejected candidate
     drafts: int = 0  # steps that offered the target at least one draft token
     accepted_per_position: list = field(default_factory=list)  # [i]: drafts whose token i was kept
-    target_tokens: int = 0  # tokens the target chose itself: new_tokens = accepted + target_tokens
+    forced: int = 0  # tokens a grammar forced, offered after the candidates and kept
+    # tokens the target chose itself: new_tokens = accepted + forced + target_tokens
+    target_tokens: int = 0
     prefill_seconds: float = 0.0  # the target's first call: it reads the prompt
     # inside the drafter's model calls (part of the draft phase, which also holds the drafting
     # bookkeeping): with the target phase, the model time; the rest of the wall time is the host's
@@ -52,6 +54,7 @@ class Stats:
             "rejected": self.rejected,
             "drafts": self.drafts,
             "accepted_per_position": list(self.accepted_per_position),
+            "forced": self.forced,
             "target_tokens": self.target_tokens,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             # tokens committed per target forward pass (1.0 for plain decoding)

@@ -4,7 +4,8 @@ Every decision about it is the planning's (anydraft/planning/), taken before and
 1. plan: which target call scores which rows (`calls`), and each row's proposer, draft length
    and drafter read (`plan`; no side effects);
 2. propose: a drafter drafts (rows whose drafters are rows of one drafter batch draft
-   together, `draft_together`), prompt lookup copies, a plain step proposes nothing;
+   together, `draft_together`), prompt lookup copies, a plain step proposes nothing; under a
+   grammar, what it forces next is offered after them (`_with_forced`);
 3. score: the target scores every row's pending tokens and candidates, one call per target
    batch, which also reads a part of each joining prompt (`prefill`);
 4. verify: the proposer's verifier judges the candidates against the scores;
@@ -26,27 +27,31 @@ of a shared call itself, which no one row caused, fails the whole step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..methods.row import Row
 from ..methods.verify import Proposal, verify_exact
 from ..planning.call import Call, calls, learn, plan, prefill
+from ..planning.cost import room
 from ..planning.policy import Choice, Measured
+from ..planning.settings import SETTINGS
 from .logprobs import token_logprobs
 
 
 @dataclass(frozen=True)
 class RowStep:
     """What one row's step committed: ``tokens``, of which the first ``accepted`` were
-    candidates of ``proposer`` ("draft", "copy"; "plain": it proposed nothing) and the last is
-    the target's own; ``offered``: the candidates the target scored."""
+    candidates of ``proposer`` ("draft", "copy"; "plain": it proposed nothing), the next
+    ``forced`` tokens a grammar forced (`_with_forced`) and the last is the target's own;
+    ``offered``: the proposer's candidates the target scored."""
 
     tokens: list[int]
     accepted: int
     offered: int
     proposer: str
+    forced: int = 0
 
 
 def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) -> list[RowStep | Exception]:
@@ -62,7 +67,7 @@ def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) ->
     failed = _sync_drafters(rows, choices)
     marks = [_mark(row) for row in rows]  # a row drafting together starts with all of them
     drafts, caught_up = draft_together(rows, choices, failed)
-    proposals, proposing = [], []
+    proposals, proposing, forced = [], [], [[] for _ in rows]
     for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
         if i not in drafts:
             marks[i] = _mark(row)
@@ -77,11 +82,12 @@ def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) ->
                 proposal = Proposal([])
             else:
                 proposal = row.proposer(choice.proposer).propose(row.state, row.drafter, choice.k, choice.read)
+            proposal, forced[i] = _with_forced(row, proposal)
         except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
             failed[i], proposal = exc, Proposal([])
         proposals.append(proposal)
         proposing.append(time.perf_counter() - marks[i][0])
-    candidates = [proposal.candidates for proposal in proposals]
+    candidates = [proposal.candidates + forced[i] for i, proposal in enumerate(proposals)]
     for call in shared:  # the calls score only the rows still going
         call.rows = [i for i in call.rows if i not in failed]
     shared = prefill(rows, shared, choices, candidates, joining, min_prefill)
@@ -97,30 +103,57 @@ def step(rows: list[Row], joining: list = (), min_prefill: int | None = None) ->
             out.append(failed[i])
             continue
         try:
-            out.append(_finish(call_of[i], i, row, choices[i], marks[i], proposals[i],
+            out.append(_finish(call_of[i], i, row, choices[i], marks[i], proposals[i], forced[i],
                                proposing[i] + waited, logits[i], caught_up.get(i)))
         except Exception as exc:  # noqa: BLE001 - this row's failure, not the others'
             out.append(exc)
     return out
 
 
+def _with_forced(row: Row, proposal: Proposal) -> tuple[Proposal, list[int]]:
+    """Under a grammar, for a row whose method proposes (not ``ar``): ``proposal`` cut at its
+    first candidate the grammar refuses where its verifier is exact match (greedy, or a
+    proposal without distributions; cutting a sampled draft would change what its rejection
+    sampling assumes), and the tokens the grammar forces after it (constraints/matcher.py
+    `Constraint.forced`: a JSON schema's keys and punctuation), offered after the proposal's
+    own candidates and verified as `verify_exact` does (`_finish`)."""
+    state = row.state
+    if state.constraint is None or not row.forces:
+        return proposal, []
+    own = proposal.candidates
+    kept, forced = state.constraint.forced(own, state.params.greedy or not proposal.qs,
+                                           min(SETTINGS.most_forced, room(state) - len(own)))
+    return (proposal if kept == len(own) else replace(proposal, candidates=own[:kept])), forced
+
+
 def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal: Proposal,
-            waited: float, scores: torch.Tensor, caught_up: int | None) -> RowStep:
+            forced: list[int], waited: float, scores: torch.Tensor, caught_up: int | None) -> RowStep:
     """Verify row ``i``'s candidates against its ``scores``, commit or roll back its caches and
     have its policy learn what the step cost and earned (``waited``: the row's time before
-    verifying, its proposing and the calls)."""
+    verifying, its proposing and the calls).
+
+    ``forced``: tokens the grammar forces after the proposal's candidates, scored after them.
+    Once every candidate is accepted, the token the verifier drew at the next row is the
+    target's own choice there; each forced token equal to the target's choice at its row is
+    kept and the choice at the row after it drawn, as `verify_exact` does: every committed token
+    is still the target's own choice given the committed prefix."""
     start, state, candidates = time.perf_counter(), row.state, proposal.candidates
     if state.constraint is not None:  # the constrained distribution at every row verified
         params = state.params
         argmax_only = params.greedy and not params.logit_bias and state.top_logprobs is None
-        scores = state.constraint.mask(scores, candidates, argmax_only)
+        scores = state.constraint.mask(scores, candidates + forced, argmax_only)
     if choice.proposer == "plain":
         n, token = verify_exact(scores, candidates, state.params, state.generator)
     else:
         n, token = row.proposer(choice.proposer).verify(state, proposal, scores)
+    f = 0  # forced tokens kept
+    if n == len(candidates):
+        while f < len(forced) and token == forced[f]:
+            f += 1
+            token = state.params.choose(scores[n + f], state.generator)
     # the target keeps the committed text and the accepted candidates; the step's own
     # last token is fed with its next call
-    keep = len(state.committed) + n
+    keep = len(state.committed) + n + f
     if len(state.target) > keep:
         state.target.rollback(keep)
     state.stats.drafted += len(candidates)
@@ -128,8 +161,8 @@ def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal:
     wall = waited + time.perf_counter() - start  # its own work, and the wait
     if caught_up is None:
         caught_up = row.drafter.caught_up if row.drafter is not None else 0
-    outcome = _measured(row, mark, wall, len(candidates), n, caught_up)
-    new = candidates[:n] + [token]
+    outcome = _measured(row, mark, wall, len(candidates), n, caught_up, len(forced))
+    new = candidates[:n] + forced[:f] + [token]
     if state.constraint is not None:
         state.constraint.commit(new)
     if state.top_logprobs is not None:  # asked for: read off the verifying call's own logits
@@ -137,7 +170,7 @@ def _finish(call: Call, i: int, row: Row, choice: Choice, mark: tuple, proposal:
     if row.drafter is not None:
         row.drafter.commit(new, n if choice.proposer == "draft" else 0)
     learn(call, i, row, choice, outcome)
-    return RowStep(new, n, len(candidates), choice.proposer)
+    return RowStep(new, n, len(candidates), choice.proposer, f)
 
 
 def _sync_drafters(rows: list[Row], choices: list[Choice]) -> dict:
@@ -250,10 +283,11 @@ def _mark(row: Row) -> tuple:
             s.drafter_calls, len(row.state.pending))
 
 
-def _measured(row: Row, mark: tuple, wall: float, offered: int, accepted: int, read: int) -> Measured:
+def _measured(row: Row, mark: tuple, wall: float, offered: int, accepted: int, read: int,
+              forced: int) -> Measured:
     s = row.state.stats
     _, draft, target, calls, pending = mark
     return Measured(
         wall=wall, draft=s.phase_seconds["draft"] - draft,
         target=s.phase_seconds["target"] - target, calls=s.drafter_calls - calls,
-        scored=pending + offered, offered=offered, accepted=accepted, read=read)
+        scored=pending + offered + forced, offered=offered, accepted=accepted, read=read)

@@ -16,4 +16,4 @@ class Autoregressive:
         self.estimates = estimates if estimates is not None else Estimates()
 
     def start(self, state) -> Row:
-        return Row(state, Policy(0, False, self.estimates, state.params.greedy))
+        return Row(state, Policy(0, False, self.estimates, state.params.greedy), forces=False)

@@ -16,6 +16,9 @@ class Row:
     draft_proposer: object = None  # the drafter method proposing (sd, slem, tli, slrs) or None
     drafter: Drafter | None = None  # the drafter model and its cache (`draft_proposer` drafts on it)
     copy_proposer: object = None  # prompt lookup proposing (lookup.PromptLookup) or None
+    # under a grammar, offer what it forces after each proposal (decoding/step.py
+    # `_with_forced`); plain decoding (`ar`) offers nothing
+    forces: bool = True
 
     def proposer(self, name: str):
         """The proposer a `Choice` names ("plain": the drafting one proposes nothing)."""

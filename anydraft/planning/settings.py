@@ -73,6 +73,12 @@ class Settings:
     # 0.71-0.89 per token (Qwen2.5-1.5B <- SmolLM2), so a drafter that could ever pay is kept
     hopeful_acceptance: float = 0.9
 
+    # the most tokens a grammar forces that one step offers after its candidates
+    # (decoding/step.py `_with_forced`): a JSON schema's key with its quotes is 1-4 tokens of
+    # Qwen2.5's vocabulary; the bound keeps a long forced literal (a const string) from making
+    # one call score hundreds of tokens on a steep cost curve
+    most_forced: int = 16
+
     # -- settings a request or a server starts from --------------------------------------------
     # the most backlog tokens (the prompt, at first) the drafter reads before drafting
     # (`DraftConfig.drafter_context`): a long prompt read whole kept a slow-reading drafter idle,

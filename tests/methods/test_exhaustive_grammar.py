@@ -17,6 +17,9 @@ GRAMMARS = {
     "regex: b and c, then EOS": Grammar("regex", "[bc]{1,4}"),
     "regex: an a-b text ending in c": Grammar("regex", "(a|b)*c"),
     "lark: ab or bc pairs": Grammar("lark", 'start: ("ab" | "bc")+'),
+    # after the first token the text is forced, in tokens that may or may not be the target's
+    # tokenization of it (after "a": "bc" "ab"; the target may say "b" "c" ...)
+    "regex: a choice, then forced text": Grammar("regex", "(a|c)bcab"),
 }
 
 
@@ -31,6 +34,36 @@ def test_every_method_samples_the_constrained_distribution(toys, method, setting
     got, paths = toys.method_distribution(toys.make(method), PROMPT, p, MAX_NEW, grammar=g)
     assert paths >= len(want)
     assert_same_distribution(got, want)
+
+
+@pytest.mark.parametrize("settings", [SETTINGS[1], SETTINGS[4]], ids=str)
+@pytest.mark.parametrize("method", ["ar", "lookup", "sd", "tli"])
+@pytest.mark.parametrize("guess", [None, (2, 3), (6, 1)], ids=["forced", "guess b c", "guess bc a"])
+def test_what_the_grammar_forces_is_offered_and_verified(toys, method, settings, guess, monkeypatch):
+    """Tokens the grammar forces are offered after each proposal (decoding/step.py
+    `_with_forced`) by every method but plain decoding, and the distribution stays exact. The
+    toy's grammars allow only the forced tokens where they force some, so ``guess`` offers
+    other tokens in their place, which the target may or may not choose: verification keeps
+    the distribution whatever is offered."""
+    from anydraft.constraints.matcher import Constraint
+
+    offered, forced = [], Constraint.forced
+
+    def spy(self, *args):
+        kept, tokens = forced(self, *args)
+        if guess is not None:
+            tokens = list(guess[: args[2]])
+        offered.extend(tokens)
+        return kept, tokens
+
+    monkeypatch.setattr(Constraint, "forced", spy)
+    name = "regex: a choice, then forced text" if guess is None else "regex: an a-b text ending in c"
+    p, g = params(**settings), GRAMMARS[name]
+    want = toys.exact_target_distribution(PROMPT, p, MAX_NEW, grammar=g)
+    # one draft token: room for forced ones within the few tokens enumerated
+    got, _ = toys.method_distribution(toys.make(method, num_draft_tokens=1), PROMPT, p, MAX_NEW, grammar=g)
+    assert_same_distribution(got, want)
+    assert bool(offered) == (method != "ar"), offered
 
 
 def test_every_output_matches_the_grammar(toys):

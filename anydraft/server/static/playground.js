@@ -60,11 +60,12 @@ function Panel(el) {
     const bar = document.createElement("div"), h = 9;  // pixels per token
     bar.className = "bar";
     bar.title = `step ${p.steps}: ${st.proposer}, offered ${st.offered}, accepted ${st.accepted}, ` +
-                `${st.tokens} token${st.tokens === 1 ? "" : "s"}, ${(st.seconds * 1000).toFixed(1)} ms`;
+                `${st.forced ? `forced by the grammar ${st.forced}, ` : ""}${st.tokens} token${st.tokens === 1 ? "" : "s"}, ${(st.seconds * 1000).toFixed(1)} ms`;
     const part = (cls, n) => { if (n > 0) { const i = document.createElement("i"); i.className = cls; i.style.height = n * h + "px"; bar.appendChild(i); } };
     part("o-" + (st.proposer === "copy" ? "copy" : "draft"), st.accepted);
     part("rejected", st.offered - st.accepted);
-    part("o-target", st.tokens - st.accepted);
+    part("o-grammar", st.forced || 0);
+    part("o-target", st.tokens - st.accepted - (st.forced || 0));
     timeline.appendChild(bar);
     timeline.scrollLeft = timeline.scrollWidth;
   };
