@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from ..errors import AnydraftError
 
 KINDS = ("json_schema", "json_object", "regex", "lark")
-# JSON laid out one way (compact: ``{"a":1,"b":[2,3]}``), as
-# OpenAI's structured outputs write it: with any whitespace allowed between tokens, a small or
-# unsure model can spend its whole budget on newlines (seen with a random model: 40 tokens of
-# "\r\n  " and no value). A schema's own "x-guidance" settings take precedence
-JSON_LAYOUT = {"whitespace_flexible": False}
+# JSON laid out one way, on one line with a space after each separator (``{"a": 1, "b": [2,
+# 3]}``, Python's ``json.dumps`` and chat templates' ``tojson``, which models read most): with
+# any whitespace allowed, a small or unsure model can spend its whole budget on newlines (seen
+# with a random model: 40 tokens of "\r\n  " and no value); with none (``{"a":1}``), a model
+# that wants ``": "`` takes the token ``",`` and opens its strings with a comma (seen on
+# Qwen2.5-Coder-0.5B: ``{"title":", Android app crashes"}``). A schema's own "x-guidance"
+# settings take precedence
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # string-level rejection sampling weighs every tokenization of a drafted string, each with its
 # own grammar state: not built; every token-level method is exact under a grammar
 GRAMMAR_METHODS = ("method 'slrs' does not take a grammar yet: use 'auto', 'sd', 'slem', 'tli', "

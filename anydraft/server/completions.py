@@ -17,13 +17,13 @@ from .generation import Choices, end, next_event, submit
 from .logprobs import logprobs_json
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import ServerState, server_of
-from .tools import answer_of, call_deltas
+from .tools import answer_of
 
 # anydraft finish reasons -> OpenAI's ("context": the window filled up before max_tokens;
 # "timeout": --request-timeout passed; both are a cut-short answer, as "length" says)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
                   "timeout": "length"}
-NATURAL_ENDS = ("eos", "stop")  # the answer ended by itself: only then are its tool calls read
+NATURAL_ENDS = ("eos", "stop")  # the answer ended by itself: only then may it end as "tool_calls"
 
 
 async def chat_completions(request: Request):
@@ -124,8 +124,8 @@ async def _events(state: ServerState, request: Request, req, choices: Choices, c
                   cid: str, now: int):
     """The answer as server-sent events: a chunk per piece of text of a choice, its last
     with the finish reason; an error event if a choice fails; then ``[DONE]``. A chat answer
-    that may call tools is held from where a call may begin (tools.py `ToolStream`) and its
-    calls sent as ``delta.tool_calls`` chunks before the last."""
+    that may call tools is read as it comes (tools.py `ToolStream`): its text as content, its
+    calls as ``delta.tool_calls`` chunks, each call's arguments piece by piece."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     model = state.config.model_id
     n = len(choices.jobs)
@@ -164,26 +164,27 @@ async def _events(state: ServerState, request: Request, req, choices: Choices, c
                 if payload.text and first:
                     _first_token(state, request)
                     first = False
-                # a choice that may call tools holds back what may be a call (tools.py)
-                shown = payload.text if calls[index] is None else calls[index].feed(payload.text)
-                if shown == payload.text and shown:
+                # a choice that may call tools: content, call chunks, or held (tools.py)
+                piece = payload.text
+                deltas = (calls[index].feed(piece) if calls[index] is not None
+                          else [{"content": piece}] if piece else [])
+                if piece and deltas == [{"content": piece}]:
                     spans = [{"text": text, "origin": origin} for text, origin in payload.spans]
-                    yield chunk(index, shown, tokens=payload.logprobs,
+                    yield chunk(index, piece, tokens=payload.logprobs,
                                 anydraft={"spans": spans, "steps": payload.steps})
                     continue
-                if shown:  # a piece shown in part: its origins and steps go with the last chunk
-                    yield chunk(index, shown)
+                # a piece not shown whole as content: its origins and steps go with the last chunk
+                for delta in deltas:
+                    yield chunk(index, delta.get("content"), tool_calls=delta.get("tool_calls"))
                 steps[index] += payload.steps
                 tokens[index] += payload.logprobs
             elif kind == "done":
                 reason, usages[index], stats = _finish(state, payload)
-                if calls[index] is not None:
-                    rest, made = calls[index].finish(payload.finish_reason in NATURAL_ENDS)
-                    if rest:
-                        yield chunk(index, rest)
-                    for delta in call_deltas(made or []):
-                        yield chunk(index, None, tool_calls=delta)
-                    reason = "tool_calls" if made else reason
+                if calls[index] is not None:  # what was held, then the reason (tools.py)
+                    deltas, called = calls[index].finish(payload.finish_reason in NATURAL_ENDS)
+                    for delta in deltas:
+                        yield chunk(index, delta.get("content"), tool_calls=delta.get("tool_calls"))
+                    reason = "tool_calls" if called else reason
                 extra = {"anydraft": {**stats, "steps": steps[index]}}
                 if None not in usages and not req.include_usage:
                     extra["usage"] = _total_usage(usages)  # on the chunk the client sees last

@@ -15,13 +15,12 @@ import httpx
 import jsonschema
 import pytest
 
+from anydraft.constraints.grammar import JSON_LAYOUT
 from anydraft.server.tools import (
-    CALL_LAYOUT,
     ToolFormat,
     ToolStream,
     ToolUse,
     answer_of,
-    call_deltas,
     call_grammar,
     check_tools,
     parse_calls,
@@ -85,33 +84,116 @@ def _check_calls(calls: list) -> None:
 
 
 # -- reading answers ---------------------------------------------------------------------------
+def _fed(text: str, size: int = 1, natural_end: bool = True) -> tuple[str, list, bool, list]:
+    """``text`` fed to a `ToolStream` ``size`` characters at a time, put together as a client
+    does: (content, calls as (name, arguments), whether it ended as "tool_calls", per piece fed
+    the deltas it gave, then those of the end)."""
+    stream = ToolStream(NAMES)
+    given = [stream.feed(text[i:i + size]) for i in range(0, len(text), size)]
+    rest, called = stream.finish(natural_end)
+    given.append(rest)
+    content, calls = "", {}
+    for delta in (d for deltas in given for d in deltas):
+        assert len(delta) == 1  # content or one call's chunk: never both
+        content += delta.get("content", "")
+        for part in delta.get("tool_calls", ()):
+            if "id" in part:  # a call's first chunk: index, id, type, name, arguments ""
+                assert part["index"] == len(calls) and part["type"] == "function"
+                assert part["function"]["arguments"] == ""
+                calls[part["index"]] = [part["function"]["name"], ""]
+            calls[part["index"]][1] += part["function"]["arguments"]
+    return content, [tuple(calls[i]) for i in sorted(calls)], called, given
+
+
+def _agrees(text: str, natural_end: bool = True) -> tuple[str, list, bool]:
+    """What ``text`` reads as, streamed in pieces of any size and whole (`answer_of`), which
+    must agree: (content, calls as (name, arguments), whether "tool_calls")."""
+    first = _fed(text, 1, natural_end)[:3]
+    for size in (2, 3, 7, len(text) or 1):
+        assert _fed(text, size, natural_end)[:3] == first, size
+    message, called = answer_of(_use(), text, natural_end)
+    content, calls, streamed_called = first
+    assert called == streamed_called
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", ())] == calls
+    assert message["content"] == ((content.strip() or None) if calls else content)
+    return first
+
+
 def test_hermes_calls_one_or_several_with_text_before():
     one = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 2}}\n</tool_call>'
     before, calls = parse_calls(one, NAMES)
     assert before == "" and [c["function"]["name"] for c in calls] == ["get_weather"]
-    assert json.loads(calls[0]["function"]["arguments"]) == {"unit": "c", "days": 2}
+    assert calls[0]["function"]["arguments"] == '{"unit": "c", "days": 2}'  # as the model wrote it
     two = ("Let me look.\n" + one + "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": "
            "{\"zone\": \"utc\"}}\n</tool_call>\n")
     before, calls = parse_calls(two, NAMES)
     assert before == "Let me look.\n" and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
     _check_calls(calls)
+    assert _agrees(two) == ("Let me look.\n", [("get_weather", '{"unit": "c", "days": 2}'),
+                                                ("get_time", '{"zone": "utc"}')], True)
     # the last call may end with the turn instead of its closing tag; arguments as JSON text
     _, calls = parse_calls('<tool_call>\n{"name": "get_time", "arguments": "{\\"zone\\": \\"cet\\"}"}',
                            NAMES)
-    assert json.loads(calls[0]["function"]["arguments"]) == {"zone": "cet"}
+    assert calls[0]["function"]["arguments"] == '{"zone": "cet"}'
+    # no arguments at all: {}; braces, quotes and escapes inside strings are not nesting
+    tricky = '{"q": "a } b \\" {", "n": [1, {"x": "]}"}], "u": "\\u00e9\\\\"}'
+    assert _agrees('<tool_call>{"name":"get_time"}</tool_call>\n<tool_call>\n{ "name" : "get_weather" ,'
+                   ' "parameters":' + tricky + ' }\n</tool_call>') == (
+        "", [("get_time", "{}"), ("get_weather", tricky)], True)
 
 
 @pytest.mark.parametrize("text", [
     "just an answer",
-    '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 2}\n</tool_call>',  # a brace short
     '<tool_call>\n{"name": "get_stock", "arguments": {}}\n</tool_call>',  # not a tool
     '<tool_call>\n{"name": "get_time", "arguments": [1]}\n</tool_call>',  # arguments not an object
-    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call> and then some text',
-    '{"name": "get_time", "arguments": {"zone": "utc"}} and then some text',
+    '<tool_call>\n{"arguments": {"zone": "utc"}, "name": "get_time"}\n</tool_call>',  # name not first
+    '<tool_call>\n{"name": "get_time", "arg',  # the head unfinished
+    '{"answer": 42}',
+    'Sure: {"name": "get_time", "parameters": {"zone": "utc"}}',  # bare JSON only as the whole answer
+    "Hi {there}",
+    "a <tool> and <tool_c",
 ])
-def test_what_is_not_calls_stays_text(text):
+def test_what_is_no_call_from_its_start_stays_text(text):
+    """Decided before anything of a call is sent: the whole answer is content."""
     assert parse_calls(text, NAMES) is None
     assert answer_of(_use(), text, natural_end=True) == ({"content": text}, False)
+    assert _agrees(text) == (text, [], False)
+
+
+@pytest.mark.parametrize("text,content,arguments", [
+    # a call's object a brace short; text after the calls; a later call of no tool
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}\n</tool_call>',
+     "\n</tool_call>", ['{"zone": "utc"}']),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call> and then some text',
+     " and then some text", ["{}"]),
+    ('{"name": "get_time", "arguments": {"zone": "utc"}} and then some text',
+     " and then some text", ['{"zone": "utc"}']),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_stock"}',
+     '<tool_call>\n{"name": "get_stock"}', ["{}"]),
+    # arguments that are no JSON object: sent as written
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": utc}}\n</tool_call>', "", ['{"zone": utc}']),
+    ('<tool_call>\n{"name": "get_time", "arguments": "[1]"}\n</tool_call>', "", ["[1]"]),
+    ('{"name": "get_weather", "parameters": {"unit": "f"', "", ['{"unit": "f"']),  # the end came first
+])
+def test_what_goes_wrong_after_a_call_was_sent(text, content, arguments):
+    """What was sent stays sent, the rest of the answer is content, and the finish reason is
+    the plain one: not "tool_calls"."""
+    assert parse_calls(text, NAMES) is None
+    content_, calls, called = _agrees(text)
+    assert (content_, [a for _, a in calls], called) == (content, arguments, False)
+
+
+def test_an_answer_cut_short_keeps_its_calls_without_tool_calls_reason():
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    message, called = answer_of(_use(), text, natural_end=True)
+    assert called and message["content"] is None and len(message["tool_calls"]) == 1
+    message, called = answer_of(_use(), text, natural_end=False)  # "length": OpenAI's answer too
+    assert not called and message["content"] is None and len(message["tool_calls"]) == 1
+    assert answer_of(None, text, natural_end=True) == ({"content": text}, False)  # tool_choice none
+    cut = text[:text.index('"utc"') + 3]  # inside the arguments: what was sent so far
+    assert _agrees(cut, natural_end=False) == ("", [("get_time", '{"zone": "ut')], False)
+    cut = '<tool_call>\n{"name": "get_ti'  # before the name is known: text
+    assert _agrees(cut, natural_end=False) == (cut, [], False)
 
 
 def test_bare_json_calls_llama_and_small_qwens():
@@ -129,50 +211,40 @@ def test_bare_json_calls_llama_and_small_qwens():
         assert parse_calls(bad, NAMES) is None, bad
 
 
-def test_an_answer_cut_short_is_not_read():
-    text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
-    message, called = answer_of(_use(), text, natural_end=True)
-    assert called and message["content"] is None and len(message["tool_calls"]) == 1
-    assert answer_of(_use(), text, natural_end=False) == ({"content": text}, False)
-    assert answer_of(None, text, natural_end=True) == ({"content": text}, False)  # tool_choice none
-
-
-def test_the_stream_shows_text_and_holds_calls():
-    text = ('Checking.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
-            '\n<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 1}}\n</tool_call>')
-    for size in (1, 3, 7, len(text)):  # the marker split across pieces anywhere
-        stream = ToolStream(_use())
-        shown = "".join(stream.feed(text[i:i + size]) for i in range(0, len(text), size))
-        rest, calls = stream.finish(natural_end=True)
-        assert shown + rest == "Checking.\n" and [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
-    # text that only looks like a marker is shown whole; a malformed call comes back as text
-    for text in ("a <tool> and <tool_c", '<tool_call>\n{"name": "get_time", "arguments": {"zone": '):
-        stream = ToolStream(_use())
-        shown = "".join(stream.feed(c) for c in text)
-        rest, calls = stream.finish(natural_end=True)
-        assert shown + rest == text and calls is None
+def test_the_stream_sends_a_call_once_its_name_is_known_and_its_arguments_as_they_come():
+    """One character at a time: the call's first chunk goes out with the ``{`` that opens its
+    arguments, each later character of the arguments at once, nothing of the call's syntax."""
+    head = 'Checking.\n<tool_call>\n{"name": "get_time", "arguments": '
+    arguments = '{"zone": "utc", "note": "} \\" {"}'
+    text = (head + arguments + '}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"unit": "c", "days": 1}}\n</tool_call>')
+    content, calls, called, given = _fed(text)
+    assert (content, called) == ("Checking.\n", True)
+    assert calls == [("get_time", arguments), ("get_weather", '{"unit": "c", "days": 1}')]
+    at = len(head)  # the piece that brings the arguments' "{"
+    assert all("tool_calls" not in d for deltas in given[:at] for d in deltas)
+    first, piece = given[at]
+    assert first["tool_calls"][0]["id"].startswith("call_") and first["tool_calls"][0]["function"]["name"] == "get_time"
+    assert piece == {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}
+    for i in range(at + 1, at + len(arguments)):  # every later character of the arguments, at once
+        assert given[i] == [{"tool_calls": [{"index": 0, "function": {"arguments": text[i]}}]}], i
+    assert given[at + len(arguments)] == []  # the call's own "}" is not an argument
+    # a piece that brings text, a whole call and the next call's start comes out in order
+    content, calls, called, given = _fed(text, size=len(head) + 20)
+    assert [next(iter(d)) for d in given[0]] == ["content", "tool_calls", "tool_calls"]
 
 
 def test_the_stream_of_a_bare_json_answer():
     call = '{"name": "get_time", "parameters": {"zone": "cet"}}'
-    for fmt in (JSON_FORMAT, HERMES_FORMAT):
-        stream = ToolStream(_use(fmt))
-        assert "".join(stream.feed(c) for c in "  " + call) == ""
-        rest, calls = stream.finish(natural_end=True)
-        assert rest == "" and calls[0]["function"]["name"] == "get_time"
-        stream = ToolStream(_use(fmt))
-        assert "".join(stream.feed(c) for c in "Hi {there}") == "Hi {there}"
-        assert stream.finish(natural_end=True) == ("", None)
-        stream = ToolStream(_use(fmt))  # JSON that is no call comes out whole, at the end
-        assert stream.feed('{"answer": 42}') == "" and stream.finish(natural_end=True) == ('{"answer": 42}', None)
-
-
-def test_call_deltas_as_openai_streams_them():
-    calls = parse_calls('{"name": "get_time", "parameters": {"zone": "cet"}}', NAMES)[1]
-    first, second = call_deltas(calls)
-    assert first == [{"index": 0, "id": calls[0]["id"], "type": "function",
-                      "function": {"name": "get_time", "arguments": ""}}]
-    assert second == [{"index": 0, "function": {"arguments": '{"zone": "cet"}'}}]
+    assert _agrees("  " + call) == ("", [("get_time", '{"zone": "cet"}')], True)
+    # Llama's tag, calls after ";"; the leading blanks and the tag are no content
+    assert _agrees("<|python_tag|>" + call + ";" + call) == ("", [("get_time", '{"zone": "cet"}')] * 2, True)
+    # held no longer than the head: the arguments start out before the answer ends
+    _, _, _, given = _fed("  " + call)
+    assert any("tool_calls" in d for deltas in given[:len(call) - 5] for d in deltas)
+    # JSON that is no call is content, sent as soon as its first key shows it
+    content, calls, _, given = _fed('{"answer": 42}')
+    assert content == '{"answer": 42}' and not calls and given[2] == [{"content": '{"a'}]
 
 
 # -- the template and the grammar --------------------------------------------------------------
@@ -237,7 +309,7 @@ def test_the_grammar_takes_calls_of_the_forced_tools_only():
         assert not _accepted(compiler, grammar, tok, call.replace("home", "mars"))
     llama = call_grammar(JSON_FORMAT, TOOLS, many=False)
     assert _accepted(compiler, llama, tok, '{"name": "get_time", "parameters": {"zone": "cet"}}')
-    assert "x-guidance" in many.source and json.dumps(CALL_LAYOUT) in many.source
+    assert "x-guidance" in many.source and json.dumps(JSON_LAYOUT) in many.source
 
 
 def test_qwen_renders_tools_and_a_tool_loop_and_its_grammar_takes_its_own_call():
@@ -379,6 +451,31 @@ def test_required_and_named_calls_always_parse(tool_servers, style, stream):
                 assert calls[0]["function"]["name"] == "get_time"
 
 
+@pytest.mark.parametrize("style", ["hermes", "llama"])
+def test_one_greedy_generation_streamed_and_not_gives_the_same_calls(tool_servers, style):
+    """The streamed arguments, put together, are the non-streamed answer's; so are the names,
+    the content and the finish reason, whole or cut short inside a call."""
+    messages = [{"role": "user", "content": "hello there"}]
+    with _client(tool_servers[style]) as client:
+        whole = None
+        # one byte a token: the second cut falls inside the first call's arguments
+        for max_tokens in (300, {"hermes": 55, "llama": 44}[style]):
+            kwargs = dict(model=MODEL_ID, messages=messages, tools=TOOLS, tool_choice="required",
+                          max_tokens=max_tokens, temperature=0.0)
+            answer = client.chat.completions.create(**kwargs).choices[0]
+            content, calls, reason = _streamed(client.chat.completions.create(stream=True, **kwargs))
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+            assert calls == [(c.function.name, c.function.arguments) for c in answer.message.tool_calls or ()]
+            assert (content.strip() or None, reason) == (answer.message.content, answer.finish_reason)
+            if whole is None:
+                assert reason == "tool_calls" and content == ""
+                json.loads(calls[0][1])
+                whole = calls
+            else:  # what was sent of the same call, cut short: "length"
+                assert reason == "length" and len(calls) == 1 and calls[0][0] == whole[0][0]
+                assert whole[0][1].startswith(calls[0][1]) and calls[0][1] != whole[0][1]
+
+
 def test_parallel_calls_and_a_three_turn_loop(tool_servers):
     with _client(tool_servers["hermes"]) as client:
         messages = [{"role": "user", "content": "hello there"}]
@@ -440,7 +537,9 @@ def test_a_three_turn_tool_loop_on_qwen_with_the_openai_client(tmp_path):
                     answer = client.chat.completions.create(messages=messages, tool_choice="auto",
                                                             **kwargs).choices[0]
                     content, calls, reason = answer.message.content, answer.message.tool_calls, answer.finish_reason
-                assert reason in ("stop", "length") and not calls, (content, calls)
+                # greedy, this small model calls again, then writes the tool's result as its
+                # answer: the call goes out, the text after it is content, the reason "stop"
+                assert reason in ("stop", "length"), (content, calls)
                 assert "21" in content, content
     finally:
         server.stop()
