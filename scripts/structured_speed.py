@@ -1,15 +1,17 @@
 """Issue 63's speed rows: constrained anydraft against unconstrained anydraft on the same prompts
-(what the masks cost), and against llama-server's own `json_schema` on the same GGUF.
+(what the masks cost), against plain constrained decoding (what speculation and the grammar's
+forced tokens gain), and against the plain servers' own `json_schema` on the same GGUF
+(llama-server and ik_llama.cpp's server, both built on this machine).
 
 Each prompt asks for a JSON object that a schema describes; per prompt and round, in turn:
-anydraft (its defaults: `auto`) without a grammar, anydraft with the schema, and llama-server's
-`/completion` with the schema (converted to its grammar by llama-server itself), greedy, the
-same prompt token ids (the target's chat template), every prompt read whole. Three measures,
-medians over prompts x rounds: seconds per answer (what a client waits for the whole object:
-llama-server's JSON is pretty-printed, ~40% more tokens for the same content), new tokens over
-the request's wall time, and decode rates (tokens after the first over the time after the
-prompt read: the masks' cost, free of answer length, since a prompt read weighs more in a
-shorter answer).
+anydraft (its defaults: `auto`) without a grammar, with the schema, anydraft's plain decoding
+(`ar`) with it, and each server's `/completion` with the schema (converted to its grammar by
+the server itself), greedy, the same prompt token ids (the target's chat template), every
+prompt read whole. Three measures, medians over prompts x rounds: seconds per answer (what a
+client waits for the whole object: the servers' grammars let the model pretty-print, more
+tokens for the same content), new tokens over the request's wall time, and decode rates
+(tokens after the first over the time after the prompt read: free of answer length, since a
+prompt read weighs more in a shorter answer).
 
     python scripts/structured_speed.py --out benchmarks/results/NAME
 """
@@ -39,13 +41,18 @@ SCHEMA = {
     "required": ["name", "year", "paradigms", "creator", "typed"],
     "additionalProperties": False,
 }
+ANYDRAFT_MODES = ("free", "schema", "plain_schema")
+MODES = (*ANYDRAFT_MODES, "llama_server_schema", "ik_server_schema")
+LABELS = {"free": "anydraft (auto), no grammar", "schema": "anydraft (auto), json_schema",
+          "plain_schema": "anydraft ar (plain constrained decoding), json_schema",
+          "llama_server_schema": "llama-server, json_schema", "ik_server_schema": "ik_llama.cpp's server, json_schema"}
 SUBJECTS = ["Python", "Rust", "Haskell", "JavaScript", "Go", "C", "Erlang", "Kotlin"]
 PROMPT = "Describe the programming language {} as a JSON object with its name, year, paradigms, creator and typing."
 
 
-def llama_server_json(server, ids: list[int], max_tokens: int) -> tuple[int, float, str, float]:
-    """(new tokens, wall seconds, text, decode tokens per second) of llama-server's greedy
-    `/completion` under SCHEMA."""
+def server_json(server, ids: list[int], max_tokens: int) -> tuple[int, float, str, float]:
+    """(new tokens, wall seconds, text, decode tokens per second) of a llama-server's (llama.cpp's
+    or ik_llama.cpp's) greedy `/completion` under SCHEMA."""
     body = {"prompt": ids, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
             "json_schema": SCHEMA, "stream": False}
     request = urllib.request.Request(f"{server.base}/completion", data=json.dumps(body).encode(),
@@ -61,7 +68,7 @@ def llama_server_json(server, ids: list[int], max_tokens: int) -> tuple[int, flo
 
 def main() -> int:
     from anydraft import Decoder
-    from anydraft.bench.llama_server import LlamaServer
+    from anydraft.bench.llama_server import IK_SERVER, LlamaServer
     from anydraft.constraints import Grammar
     from anydraft.models.llamacpp import _threads
     from anydraft.models.loading import resolve
@@ -84,62 +91,72 @@ def main() -> int:
     # warm: the grammar engine's view of the tokenizer is built at the first constrained request
     dec.generate("Say hi as JSON.", 8, grammar=grammar)
     rows = []
-    with LlamaServer(gguf, _threads(), 4096, log=args.out / "llama-server.log") as server:
+    with (LlamaServer(gguf, _threads(), 4096, log=args.out / "llama-server.log") as server,
+          LlamaServer(gguf, _threads(), 4096, log=args.out / "ik-llama-server.log", flavor=IK_SERVER) as ik):
         for round_ in range(args.rounds):
             for subject in SUBJECTS[:args.prompts]:
                 prompt = PROMPT.format(subject)
                 ids = dec.prompt_ids(prompt)
                 row = {"round": round_, "subject": subject}
-                for mode in ("free", "schema"):
+                for mode in ANYDRAFT_MODES:
                     start = time.perf_counter()
-                    out = dec.generate(prompt, args.max_tokens, grammar=grammar if mode == "schema" else None)
+                    out = dec.generate(prompt, args.max_tokens, grammar=None if mode == "free" else grammar,
+                                       method="ar" if mode == "plain_schema" else None)
                     seconds = time.perf_counter() - start
                     after_read = seconds - out.stats["prefill_seconds"]
                     row[mode] = {"tokens": len(out.token_ids), "seconds": round(seconds, 3),
                                  "tok_s": round(len(out.token_ids) / seconds, 2),
                                  "decode_tok_s": round((len(out.token_ids) - 1) / after_read, 2),
                                  "method": out.stats["method"], "accepted": out.stats["accepted"], "text": out.text}
-                    if mode == "schema":
+                    row[mode]["forced"] = out.stats["forced"]
+                    if mode != "free":
                         row[mode]["valid"] = valid(out.text)
-                tokens, seconds, text, decode = llama_server_json(server, ids, args.max_tokens)
-                row["llama_server_schema"] = {"tokens": tokens, "seconds": round(seconds, 3),
-                                              "tok_s": round(tokens / seconds, 2), "decode_tok_s": round(decode, 2),
-                                              "text": text, "valid": valid(text)}
+                for mode, baseline in (("llama_server_schema", server), ("ik_server_schema", ik)):
+                    tokens, seconds, text, decode = server_json(baseline, ids, args.max_tokens)
+                    row[mode] = {"tokens": tokens, "seconds": round(seconds, 3),
+                                 "tok_s": round(tokens / seconds, 2), "decode_tok_s": round(decode, 2),
+                                 "text": text, "valid": valid(text)}
                 rows.append(row)
-                progress(f"{subject} r{round_}: free {row['free']['tok_s']} schema {row['schema']['tok_s']} "
-                         f"llama-server+schema {row['llama_server_schema']['tok_s']} tok/s")
-        command = server.command
-    modes = ("free", "schema", "llama_server_schema")
+                progress(f"{subject} r{round_}: " + ", ".join(f"{m} {row[m]['tok_s']}" for m in MODES) + " tok/s")
+        command, ik_command = server.command, ik.command
+    modes = MODES
     med = {m: statistics.median(r[m]["tok_s"] for r in rows) for m in modes}
     decode = {m: statistics.median(r[m]["decode_tok_s"] for r in rows) for m in modes}
     answer = {m: statistics.median(r[m]["seconds"] for r in rows) for m in modes}
     summary = {
-        "command": " ".join(sys.argv), "llama_server": command, "target_path": dec.target.path,
+        "command": " ".join(sys.argv), "llama_server": command, "ik_server": ik_command,
+        "target_path": dec.target.path,
         "drafter_path": dec.drafter.path if dec.drafter else None,
         "cpu": cpu_line(), "median_tok_s": med, "median_decode_tok_s": decode, "median_seconds": answer,
         "schema_vs_free": round(med["schema"] / med["free"], 3),
         "schema_vs_free_decode": round(decode["schema"] / decode["free"], 3),
+        "schema_vs_plain_schema": round(med["schema"] / med["plain_schema"], 3),
         "schema_vs_llama_server_schema": round(med["schema"] / med["llama_server_schema"], 3),
+        "schema_vs_ik_server_schema": round(med["schema"] / med["ik_server_schema"], 3),
         "llama_server_seconds_over_schema_seconds": round(answer["llama_server_schema"] / answer["schema"], 3),
-        "valid": {m: sum(r[m]["valid"] for r in rows) for m in ("schema", "llama_server_schema")},
+        "ik_server_seconds_over_schema_seconds": round(answer["ik_server_schema"] / answer["schema"], 3),
+        "valid": {m: sum(r[m]["valid"] for r in rows) for m in modes if m != "free"},
         "rows": rows,
     }
     (args.out / "results.json").write_text(json.dumps(summary, indent=1))
     lines = [f"# Structured outputs: speed ({summary['cpu']})", "",
              f"Command: `{summary['command']}`; target {summary['target_path']}, drafter {summary['drafter_path']}; "
-             f"llama-server: `{' '.join(command)}`.", "",
-             "| mode | seconds per answer | tokens per answer | tok/s (wall) | decode tok/s | valid JSON |",
-             "|---|---|---|---|---|---|",
-             *(f"| {label} | {answer[m]:.2f} | {statistics.median(r[m]['tokens'] for r in rows):.0f} | "
+             f"llama-server: `{' '.join(command)}`; ik_llama.cpp's: `{' '.join(ik_command)}`.", "",
+             "| mode | seconds per answer | tokens per answer | tok/s (wall) | decode tok/s | forced tokens | valid JSON |",
+             "|---|---|---|---|---|---|---|",
+             *(f"| {LABELS[m]} | {answer[m]:.2f} | {statistics.median(r[m]['tokens'] for r in rows):.0f} | "
                f"{med[m]:.2f} | {decode[m]:.2f} | "
+               f"{statistics.median(r[m]['forced'] for r in rows) if 'forced' in rows[0][m] else '-'} | "
                f"{'-' if m == 'free' else str(summary['valid'][m]) + '/' + str(len(rows))} |"
-               for m, label in zip(modes, ("anydraft, no grammar", "anydraft, json_schema",
-                                           "llama-server, json_schema"), strict=True)), "",
+               for m in modes), "",
              f"anydraft with the schema against without: **{summary['schema_vs_free_decode']:.2f}x** decoding "
-             f"(**{summary['schema_vs_free']:.2f}x** wall tok/s, shorter answers); against llama-server with it: "
-             f"**{summary['llama_server_seconds_over_schema_seconds']:.2f}x** faster to the whole answer, "
-             f"**{summary['schema_vs_llama_server_schema']:.2f}x** its tok/s (medians over {args.prompts} prompts x "
-             f"{args.rounds} rounds, {args.max_tokens} tokens at most, greedy)."]
+             f"(**{summary['schema_vs_free']:.2f}x** wall tok/s); against plain constrained decoding (ar): "
+             f"**{summary['schema_vs_plain_schema']:.2f}x** wall tok/s; against llama-server with the schema: "
+             f"**{summary['schema_vs_llama_server_schema']:.2f}x** its tok/s, "
+             f"**{summary['llama_server_seconds_over_schema_seconds']:.2f}x** faster to the whole answer; against "
+             f"ik_llama.cpp's server: **{summary['schema_vs_ik_server_schema']:.2f}x** its tok/s, "
+             f"**{summary['ik_server_seconds_over_schema_seconds']:.2f}x** faster to the whole answer "
+             f"(medians over {args.prompts} prompts x {args.rounds} rounds, {args.max_tokens} tokens at most, greedy)."]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
