@@ -41,17 +41,21 @@ def decoder(real_model):
 @pytest.mark.slow
 def test_every_method_gives_plain_constrained_greedy_output_that_validates(decoder):
     grammar = Grammar("json_schema", SCHEMA)
-    accepted = 0
+    accepted = forced = 0
     for prompt in PROMPTS:
         want = decoder.generate(prompt, MAX_NEW, method="ar", grammar=grammar)
         jsonschema.validate(json.loads(want.text), SCHEMA)
+        assert want.stats["forced"] == 0  # plain decoding offers nothing
         if prompt == PROMPTS[0]:  # the grammar changes the output: the test can fail
             assert decoder.generate(prompt, MAX_NEW, method="ar").token_ids != want.token_ids
         for method in ("slem", "tli", "auto"):  # auto: slem with prompt lookup
             out = decoder.generate(prompt, MAX_NEW, method=method, grammar=grammar)
             assert out.token_ids == want.token_ids, (method, prompt, out.text, want.text)
-            accepted += out.stats["accepted"]
+            s = out.stats
+            assert s["new_tokens"] == s["accepted"] + s["forced"] + s["target_tokens"], s
+            accepted, forced = accepted + s["accepted"], forced + s["forced"]
     assert accepted > 0  # drafts were verified under the grammar, not only plain steps
+    assert forced > 0  # and what the grammar forced (decoding/step.py `_with_forced`)
 
 
 @pytest.mark.real
