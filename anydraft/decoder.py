@@ -14,6 +14,7 @@ share), its sampling settings a `SamplingParams` (``sampling=``); keyword shortc
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
@@ -31,6 +32,7 @@ from .models.batch import Rows, RowView
 from .models.exact_cost import choose as choose_exact
 from .models.loaded import LoadedModel
 from .models.loading import parse_dtype, resolve_device
+from .models.prefix import PrefixCache, default_prefix_cache_mb
 from .models.session import close_session
 from .planning.cost import drafting_pays
 from .planning.estimates import Costs, Estimates
@@ -90,6 +92,10 @@ class Decoder:
         # greedy output identical to plain one-request decoding, in any method and batch;
         # "auto": where this machine measured that it costs little (models/exact_cost.py)
         exact: bool | str = "auto",
+        # MiB of KV caches kept after requests for later prompts that start alike (the next
+        # turn of a conversation reads only its new tokens; models/prefix.py); None: a share
+        # of this machine's memory (`default_prefix_cache_mb`), 0: none kept
+        prefix_cache_mb: float | None = None,
     ):
         if exact not in (True, False, "auto"):
             raise AnydraftError(f"exact must be True, False or 'auto', got {exact!r}")
@@ -148,6 +154,46 @@ class Decoder:
         self._method_factory = methods.factory(self)
         #: grammars compiled for the target (constraints/matcher.py), for requests with one
         self.grammars = Compiler(self.target.tokenizer, self.target.logits_width, self.eos_ids)
+        self.set_prefix_cache(default_prefix_cache_mb() if prefix_cache_mb is None else prefix_cache_mb)
+
+    # -- the prefix cache (models/prefix.py) -------------------------------------------------
+    def set_prefix_cache(self, mb: float) -> None:
+        """Keep up to ``mb`` MiB of the target's KV caches after requests (0: none), for the
+        sessions of requests outside a batch and the rows of each batch made from now on
+        (`new_rows`); what was kept beyond the new size is given up."""
+        if mb < 0:
+            raise AnydraftError(f"prefix_cache_mb must be 0 (off) or more, got {mb}")
+        #: the budget in tokens of the target's KV cache
+        self.prefix_cache_tokens = int(mb * 2**20) // max(1, self.target.kv_bytes_per_token)
+        if not hasattr(self, "_sessions"):
+            self._sessions = PrefixCache(0, close_session)
+            self._sessions_lock = threading.Lock()
+            self._rows: Rows | None = None  # `generate_batch`'s last rows, with what they kept
+        with self._sessions_lock:
+            self._sessions.tokens = self.prefix_cache_tokens
+            while sum(k.cost for k in self._sessions.kept.values()) > self._sessions.tokens:
+                self._sessions.give_up_oldest()
+            self._rows = None
+
+    def _session_for(self, ids: list[int]):
+        """A session of the target's for a request outside a batch: a kept one that holds a
+        prefix of ``ids``, rolled back to it, or a new one."""
+        with self._sessions_lock:
+            taken = self._sessions.take(ids, fresh_free=True)
+        if taken is None:
+            return self.target.new_session()
+        session, shared = taken
+        session.rollback(shared)
+        return session
+
+    def _keep_session(self, session, ids: list[int], usable: int) -> None:
+        """`Generation.leave`'s ``keep`` for a session of its own."""
+        if len(session) > len(ids):
+            session.rollback(len(ids))
+        with self._sessions_lock:
+            kept = self._sessions.put(session, ids, usable, self.target.kept_cost(len(ids)))
+        if not kept:
+            close_session(session)
 
     # -- learned statistics (anydraft/learned.py) ------------------------------------------
     def save_stats(self, path) -> None:
@@ -228,7 +274,9 @@ class Decoder:
         the target's, and of the drafter's where its backend batches (models/batch.py)."""
         drafter = self.drafter
         batches = drafter is not None and drafter.batches
-        return Rows(self.target.new_batch(max_rows), drafter.new_batch(max_rows) if batches else None)
+        rows = Rows(self.target.new_batch(max_rows), drafter.new_batch(max_rows) if batches else None)
+        rows.target.keep_tokens = self.prefix_cache_tokens
+        return rows
 
     def start(self, prompt, max_new_tokens: int = 128, *, rows: Rows | None = None,
               cancel: Callable[[], str | None] | None = None, **options) -> Generation:
@@ -262,7 +310,10 @@ class Decoder:
         params = request.sampling
         params.check_vocabulary(self.target.logits_width)
         ids = self.check_ids(list(ids))
-        session = self.target.new_session() if rows is None else RowView(rows.target)
+        if rows is None:
+            session, keep = self._session_for(ids), self._keep_session if self.prefix_cache_tokens else None
+        else:
+            session, keep = RowView(rows.target, ids), RowView.keep
         try:
             state = DecodeState(session, ids, params, generator or params.generator(), Stats(),
                                 drafter_rows=None if rows is None else rows.drafter,
@@ -271,7 +322,7 @@ class Decoder:
             max_new = request.max_new_tokens
             made = self._method_factory(method, params, max_new, constrained=constraint is not None)
             return Generation(state, made, max_new,
-                              self.eos_ids if eos_ids is None else eos_ids, text, Finish(), cancel)
+                              self.eos_ids if eos_ids is None else eos_ids, text, Finish(), cancel, keep)
         except BaseException:  # the row goes back to the batch now, not when the GC finds it
             close_session(session)
             raise
@@ -313,7 +364,7 @@ class Decoder:
         request = RequestOptions.of(max_new_tokens, **options)
         for prompt in prompts:  # every prompt checked before any is decoded
             self.prompt_ids(prompt, request.chat, request.special_in_content)
-        rows = self.new_rows(min(max_batch, len(runs)))
+        rows = self._batch_rows(min(max_batch, len(runs)))
         batch, generations = Batch(), []
         while True:
             while len(batch) < max_batch and len(generations) < len(runs):
@@ -322,8 +373,20 @@ class Decoder:
                 generations.append(self.start_request(prompt, choice, rows=rows))
                 batch.join(generations[-1])
             if not batch:
+                if self.prefix_cache_tokens:  # its kept rows, for the next call
+                    with self._sessions_lock:
+                        self._rows = rows
                 return [g.result()[1] for g in generations]
             batch.run_once()
+
+    def _batch_rows(self, wanted: int) -> Rows:
+        """Rows for `generate_batch`: the last call's, with the rows it kept (models/prefix.py),
+        where they are enough and no other thread runs them; else new ones."""
+        with self._sessions_lock:
+            rows, self._rows = self._rows, None
+        if rows is not None and rows.target.max_rows >= wanted:
+            return rows
+        return self.new_rows(wanted)
 
     def stream(self, prompt, max_new_tokens: int = 128, *,
                cancel: Callable[[], str | None] | None = None, **options) -> TextStream:

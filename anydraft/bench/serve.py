@@ -11,6 +11,13 @@ chunk, so a gap is a step, not a token), TPOT = (end - TTFT) / (tokens - 1), and
 completion tokens from the stream's `usage`. With ``--repeats`` the configurations run in
 turn, round after round, and each level reports the median over rounds (`medians`). Light at
 import time (argparse only).
+
+Two workloads. ``single``: each request one user message, every prompt read whole (the plain
+servers' prompt cache off), so that prefill and decoding are compared alone. ``multi-turn``:
+each client holds its own conversations, a shared system prompt then ``--turns`` user turns,
+each turn resending the whole history with the answers streamed back (`converse`), as chat and
+agent clients do; the servers' prefix / prompt caches on, and the prompt tokens they held
+(`cached_tokens`) recorded per turn (`turn_stats`).
 """
 
 from __future__ import annotations
@@ -32,10 +39,46 @@ from .realtime import refuse_realtime
 HELP = """Benchmark `anydraft serve` under concurrent load: one server process per
 configuration, closed-loop streaming clients (or Poisson arrivals with --rate) at each
 --concurrency. Writes results.json (every request, and per level throughput and p50/p99 of
-TTFT, ITL and TPOT), summary.md and PNG plots to --out. Exit status 1 when a request failed."""
+TTFT, ITL and TPOT), summary.md and PNG plots to --out. Exit status 1 when a request failed.
+--workload multi-turn: conversations of --turns turns resending their history, measuring TTFT
+of the later turns and the servers' prefix-cache hit rate."""
 
 MODEL_ID = "bench"  # the name each server serves its target under
 LOG_TAIL = 30  # lines of a server's log shown when it fails
+
+SINGLE, MULTI_TURN = "single", "multi-turn"  # --workload
+DEFAULT_TURNS = 4
+
+# multi-turn: every conversation's first message, the same for all (as an application's own
+# instructions are), a few hundred tokens, so that a cache holding it shows at turn 1 as well
+SYSTEM_PROMPT = """You are a careful, friendly assistant for software developers and \
+technical writers. Follow these instructions in every answer.
+
+1. Answer the question that was asked. If it is ambiguous, state the reading you chose in \
+one sentence and answer that reading; do not ask clarifying questions unless answering \
+would be impossible without them.
+2. Be concise. Lead with the answer, then the reasoning. Prefer short paragraphs and \
+numbered steps over long prose. Do not repeat the question back.
+3. For code: write complete, runnable examples in the language the user used, with the \
+imports they need. Follow the language's common style guide. Name things for what they \
+are. Add a comment only where the reason for a line is not obvious from the line itself. \
+Mention the time and memory complexity of an algorithm when it matters.
+4. For mathematics and reasoning: show the steps that a reader needs to check the result, \
+and give the final result on its own line. Check units and edge cases.
+5. For writing tasks: match the requested tone, length and format exactly. When asked to \
+rewrite, keep the meaning and change only what was asked.
+6. When you are not sure of a fact, say so plainly instead of guessing, and say how the \
+user could check it. Never invent references, function names or command-line options.
+7. Keep earlier turns of the conversation in mind: when the user refers to "it", "the \
+second point" or "the example", resolve it against your previous answers.
+8. Do not include greetings, apologies or closing offers of further help. Use Markdown \
+for lists and code blocks only."""
+
+# multi-turn: the user's later turns where the dataset row has none of its own; generic enough
+# to follow any answer
+FOLLOW_UPS = ("Make it shorter.", "Now explain the second point in more detail.",
+              "Give one more example.", "Summarize your answer in three bullet points.")
+WARMUP_MESSAGE = "Say hello in one sentence."  # multi-turn's warm-up turn, in no dataset
 
 
 @dataclass(frozen=True)
@@ -75,6 +118,16 @@ def register(sub) -> None:
                         "likewise (built once from the ik-llama-cpp-python sources)")
     b.add_argument("--baseline", default=None,
                    help="the configuration throughput ratios divide by (default: the first)")
+    b.add_argument("--workload", choices=(SINGLE, MULTI_TURN), default=SINGLE,
+                   help="single (default): each request one user message, read whole (the plain "
+                        "servers' prompt cache off); multi-turn: each client holds its own "
+                        "conversations, a shared system prompt then --turns user turns, each "
+                        "resending the whole history with the streamed answers (prefix / prompt "
+                        "caches on); reports TTFT of turns >= 2 and the cache hit rate")
+    b.add_argument("--turns", type=int, default=None, metavar="T",
+                   help=f"user turns of each multi-turn conversation (default {DEFAULT_TURNS}): "
+                        "the dataset row's own (Spec-Bench's multi-turn rows have two), then "
+                        "generic follow-ups")
     b.add_argument("--concurrency", default="1,2,4,8",
                    help="comma list of client counts, one level each (default 1,2,4,8)")
     b.add_argument("--rate", type=float, default=None,
@@ -82,7 +135,7 @@ def register(sub) -> None:
                         "--concurrency then caps the requests in flight")
     b.add_argument("--requests-per-level", type=int, default=None, metavar="N",
                    help="requests per (configuration, concurrency) (default: 4 x concurrency, "
-                        "at least 16)")
+                        "at least 16); multi-turn: ceil(N / (turns x c)) conversations per client")
     b.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="run the configurations R times in turn (A, B, A, B, ...; a fresh server "
                         "each time) and report medians: on a noisy machine a ratio's median over "
@@ -183,7 +236,8 @@ def server_command(args, config: ServeConfig, port: int, max_queue: int) -> list
 def llama_server_command(args, port: int, label: str = LLAMA_SERVER) -> list[str]:
     """The plain server ``label`` (`PLAIN_SERVERS`: llama.cpp's or ik_llama.cpp's) for
     ``--llama-server`` / ``--ik-llama-server``: the target's GGUF, a slot per client of the
-    highest level, each with the context window of one anydraft llama.cpp session."""
+    highest level, each with the context window of one anydraft llama.cpp session; for the
+    multi-turn workload with its prompt cache on (`with_prompt_cache`)."""
     from ..errors import AnydraftError
     from ..models.llamacpp import _threads, requested_context
     from ..models.loading import resolve
@@ -193,11 +247,22 @@ def llama_server_command(args, port: int, label: str = LLAMA_SERVER) -> list[str
     if source.gguf_file is None:
         raise AnydraftError(f"--{label} needs a GGUF target ({args.target!r} is not one)")
     flavor = llama_server.FLAVORS[label]
+    binary = llama_server.find_or_build(flavor=flavor)
+    if getattr(args, "workload", SINGLE) == MULTI_TURN:
+        flavor = with_prompt_cache(flavor)
     server = llama_server.LlamaServer(str(Path(source.path) / source.gguf_file), _threads(),
                                       requested_context(), parallel=max(parse_concurrency(args.concurrency)),
-                                      binary=llama_server.find_or_build(flavor=flavor), port=port,
-                                      flavor=flavor)
+                                      binary=binary, port=port, flavor=flavor)
     return server.command
+
+
+def with_prompt_cache(flavor):
+    """``flavor`` (a `llama_server.Flavor`) run as its users run it, prompt cache on (its
+    default): without the ``--no-cache-prompt`` that the single workload gives it, so that a
+    conversation's earlier turns stay in its slot, as anydraft's prefix cache keeps them."""
+    import dataclasses
+
+    return dataclasses.replace(flavor, flags=tuple(f for f in flavor.flags if f != "--no-cache-prompt"))
 
 
 # -- one server -----------------------------------------------------------------------------
@@ -256,15 +321,32 @@ class ServerProcess:
 
 
 # -- the clients ----------------------------------------------------------------------------
-def request_body(prompt: str, args, seed: int) -> dict:
-    # cache_prompt: the plain servers (llama.cpp's, ik_llama.cpp's, which has no flag for it)
-    # read every prompt, as anydraft does; anydraft's server ignores the field
+def request_body(prompt: str | list[dict], args, seed: int, cache_prompt: bool = False) -> dict:
+    """A streamed request of ``prompt``: a text (one user message, or the raw prompt with
+    ``--completions``) or a chat's messages."""
+    # cache_prompt: off (single), the plain servers (llama.cpp's, ik_llama.cpp's, which has no
+    # flag for it) read every prompt, as anydraft does without its prefix cache; on (multi-turn),
+    # explicitly, as ik_llama.cpp's default may be off. anydraft's server ignores the field
     body = {"model": MODEL_ID, "max_tokens": args.max_tokens, "temperature": args.temperature,
             "seed": seed, "stream": True, "stream_options": {"include_usage": True},
-            "cache_prompt": False}
+            "cache_prompt": cache_prompt}
+    if isinstance(prompt, list):
+        return body | {"messages": prompt}
     if args.completions:
         return body | {"prompt": prompt}
     return body | {"messages": [{"role": "user", "content": prompt}]}
+
+
+def cached_tokens(usage: dict | None, timings: dict | None) -> int | None:
+    """The prompt tokens a server's cache held for a request, as it reports them: OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens`` (anydraft's server, llama-server's recent
+    ones), else llama-server's ``timings.cache_n``; None where it reports neither."""
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        return int(details["cached_tokens"])
+    if (timings or {}).get("cache_n") is not None:
+        return int(timings["cache_n"])
+    return None
 
 
 # httpx's words for a pooled keep-alive connection that the server had closed before this
@@ -285,13 +367,14 @@ async def stream_one(client, url: str, body: dict) -> dict:
 
 async def stream_once(client, url: str, body: dict) -> dict:
     """One streaming request, timed from the send. Content chunks are those with text: the
-    chat stream's first chunk (the role alone) and the final one (finish_reason) carry none."""
+    chat stream's first chunk (the role alone) and the final one (finish_reason) carry none.
+    ``text`` is the answer streamed back (a conversation's next turn sends it)."""
     import time
 
     chat = "messages" in body
     t0 = time.perf_counter()
     first = last = None
-    gaps, usage, stats, error, finish = [], None, None, None, None
+    gaps, pieces, usage, stats, timings, error, finish = [], [], None, None, None, None, None
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -311,10 +394,12 @@ async def stream_once(client, url: str, body: dict) -> dict:
                         break
                     usage = obj.get("usage") or usage
                     stats = obj.get("anydraft") or stats
+                    timings = obj.get("timings") or timings  # llama-server's, on its last chunk
                     for choice in obj.get("choices", []):
                         piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                         finish = choice.get("finish_reason") or finish
                         if piece:
+                            pieces.append(piece)
                             now = time.perf_counter()
                             if first is None:
                                 first = now
@@ -332,8 +417,9 @@ async def stream_once(client, url: str, body: dict) -> dict:
         "sent": t0, "latency": end - t0, "ttft": ttft, "itl": gaps,
         "tpot": (end - first) / (tokens - 1) if first is not None and tokens and tokens > 1 else None,
         "completion_tokens": tokens, "prompt_tokens": usage["prompt_tokens"] if usage else None,
+        "cached_tokens": cached_tokens(usage, timings),
         "chunks": len(gaps) + (first is not None), "finish_reason": finish,
-        "target_calls": (stats or {}).get("target_calls"), "error": error,
+        "target_calls": (stats or {}).get("target_calls"), "error": error, "text": "".join(pieces),
     }
 
 
@@ -365,6 +451,7 @@ async def run_level(base: str, bodies: list[dict], concurrency: int, rate: float
             await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
             async with gate:
                 row = await stream_one(client, url, body)
+            del row["text"]  # the answers are not kept
             row["start"] = row.pop("sent") - start
             on_done(row)
             return row
@@ -372,6 +459,91 @@ async def run_level(base: str, bodies: list[dict], concurrency: int, rate: float
         rows = await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
         wall = max(r["start"] + r["latency"] for r in rows)
     return list(rows), wall
+
+
+# -- multi-turn conversations ---------------------------------------------------------------
+def conversation_rows(prompts: list[dict]) -> list[dict]:
+    """The dataset rows conversations start from: those with turns of their own beyond the
+    first (Spec-Bench's multi-turn rows) where there are any, else every row."""
+    several = [p for p in prompts if len(p.get("turns", ())) > 1]
+    return several or prompts
+
+
+def user_turns(row: dict, turns: int) -> list[str]:
+    """A conversation's ``turns`` user messages: the row's own (``turns``, else its prompt),
+    then `FOLLOW_UPS` in order, as many as needed."""
+    own = list(row.get("turns") or [row["prompt"]])[:turns]
+    return own + [FOLLOW_UPS[i % len(FOLLOW_UPS)] for i in range(turns - len(own))]
+
+
+def plan_conversations(rows: list[dict], levels: dict[int, int], turns: int) -> dict[int, list[dict]]:
+    """Each concurrency c's conversations ({id, turns}) for ``levels[c]`` requests: c clients
+    with ceil(requests / (turns x c)) conversations each (at least one). The levels take rows
+    one after another (wrapping round only when there are too few), so that a later level's
+    conversations are new to a server that kept an earlier level's; every configuration gets
+    the same plan."""
+    plan, start = {}, 0
+    for c, requests in levels.items():
+        count = c * max(1, -(-requests // (turns * c)))
+        plan[c] = [{"id": rows[i % len(rows)]["id"], "turns": user_turns(rows[i % len(rows)], turns)}
+                   for i in range(start, start + count)]
+        start += count
+    return plan
+
+
+async def converse(send, user: list[str], system: str = SYSTEM_PROMPT) -> list[dict]:
+    """One conversation: turn t (from 1) sends the whole history, ``system``, every earlier
+    user turn and answer, then ``user[t - 1]``, as ``await send(messages, t)`` (a
+    `stream_one` row); its answer's text joins the history. A failed turn ends the conversation
+    (the next one has no answer to send). Returns the turns' rows, each with its ``turn``, the
+    text dropped."""
+    messages = [{"role": "system", "content": system}]
+    rows = []
+    for turn, text in enumerate(user, start=1):
+        messages.append({"role": "user", "content": text})
+        row = await send(list(messages), turn)
+        answer = row.pop("text", "")
+        rows.append({"turn": turn, **row})
+        if row["error"] is not None:
+            break
+        messages.append({"role": "assistant", "content": answer})
+    return rows
+
+
+async def run_conversations(base: str, conversations: list[dict], concurrency: int, body,
+                            on_done) -> tuple[list[dict], float]:
+    """A closed loop of ``concurrency`` clients, client k holding conversations k, k + c, ...
+    one after another (`converse`); ``body(messages, conversation, turn)`` is a turn's request.
+    Returns the rows in (conversation, turn) order, each with its ``conversation``, ``client``
+    and ``prompt_id``, ``start`` relative to the level's start, and the seconds from the
+    level's start to its last answer."""
+    import asyncio
+    import time
+
+    import httpx
+
+    url = base + "/v1/chat/completions"
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=limits) as client:
+        start = time.perf_counter()
+
+        async def send(j: int, messages: list[dict], turn: int) -> dict:
+            row = await stream_one(client, url, body(messages, j, turn))
+            row["start"] = row.pop("sent") - start
+            on_done(row)
+            return row
+
+        async def one_client(k: int) -> list[dict]:
+            rows = []
+            for j in range(k, len(conversations), concurrency):
+                done = await converse(lambda m, t, j=j: send(j, m, t), conversations[j]["turns"])
+                rows += [{"conversation": j, "client": k, "prompt_id": conversations[j]["id"], **r}
+                         for r in done]
+            return rows
+
+        clients = await asyncio.gather(*(one_client(k) for k in range(min(concurrency, len(conversations)))))
+    rows = sorted((r for rows in clients for r in rows), key=lambda r: (r["conversation"], r["turn"]))
+    return rows, max(r["start"] + r["latency"] for r in rows)
 
 
 # -- numbers --------------------------------------------------------------------------------
@@ -396,6 +568,25 @@ def aggregate(rows: list[dict], wall: float) -> dict:
                          ("tpot", [r["tpot"] for r in ok if r["tpot"] is not None])):
         out[f"{name}_p50"], out[f"{name}_p99"] = percentile(values, 50), percentile(values, 99)
     return out
+
+
+def turn_stats(rows: list[dict]) -> dict:
+    """A multi-turn level's numbers by turn: TTFT p50/p90 over every turn and over the warm
+    ones (turn >= 2, whose history a cache can hold), and the cache hit rate: the warm turns'
+    cached prompt tokens / their prompt tokens, over the requests whose server reported
+    cached tokens (None where none did)."""
+    ok = [r for r in rows if r["error"] is None]
+    warm = [r for r in ok if r["turn"] >= 2]
+    reported = [r for r in warm if r["cached_tokens"] is not None and r["prompt_tokens"] is not None]
+    cached, prompt = (sum(r[k] for r in reported) for k in ("cached_tokens", "prompt_tokens"))
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    warm_ttft = [r["ttft"] for r in warm if r["ttft"] is not None]
+    return {"conversations": len({r["conversation"] for r in rows}), "warm_requests": len(warm),
+            "ttft_p90": percentile(ttft, 90),
+            "warm_ttft_p50": percentile(warm_ttft, 50), "warm_ttft_p90": percentile(warm_ttft, 90),
+            "warm_cached_tokens": cached if reported else None,
+            "warm_prompt_tokens": prompt if reported else None,
+            "cache_hit_rate": cached / prompt if reported and prompt else None}
 
 
 def full_batch(rows: list[dict], batch: int) -> tuple[float | None, float]:
@@ -435,7 +626,9 @@ def add_ratios(levels: list[dict], baseline: str, configs: list[dict]) -> None:
                                         config.get("max_batch"))
 
 
-SUMMED = ("requests", "errors", "completion_tokens")  # over rounds; every other number: median
+# over rounds; every other number: median
+SUMMED = ("requests", "errors", "completion_tokens", "conversations", "warm_requests",
+          "warm_cached_tokens", "warm_prompt_tokens")
 
 
 def medians(levels: list[dict]) -> list[dict]:
@@ -488,6 +681,10 @@ def _times(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
 
+def _percent(v) -> str:
+    return "–" if v is None else f"{v * 100:.1f}%"
+
+
 def servers_table(servers: list[dict], repeats: int) -> list[str]:
     """"The servers": each configuration's target path, max batch and target cost curve, one
     row for the rounds whose servers had the same ones."""
@@ -512,7 +709,11 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
     several."""
     s, m = meta["settings"], meta["machine"]
     repeats = s["repeats"]
+    multi = s.get("workload") == MULTI_TURN
     mode = (f"Poisson arrivals at {s['rate']:g} requests/s, at most c in flight" if s["rate"]
+            else f"multi-turn, closed loop: c clients, each holding its own conversations one "
+                 f"after another, {s['turns']} turns each (a shared system prompt, then each turn "
+                 "the whole history and a new user message; the plain servers' prompt cache on)" if multi
             else "closed loop: c clients, each sending its next request when its last one ends")
     lines = [
         f"# anydraft bench-serve: {s['target']} <- {s['drafter'] or '(no drafter)'}", "",
@@ -523,9 +724,13 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
         f"- versions: anydraft {m['versions']['anydraft']} ({m['git_commit'] or 'no git'}), "
         f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}, "
         f"Python {m['python']}; {m['date']}",
-        f"- load: {mode}; {s['requests_per_level'] or 'max(16, 4c)'} requests per level; "
+        f"- load: {mode}; {s['requests_per_level'] or 'max(16, 4c)'} requests per level"
+        + (" (rounded up to whole conversations per client)" if multi else "") + "; "
         f"dataset {s['dataset']} "
-        f"({s['prompts']} prompts), {'/v1/completions' if s['completions'] else '/v1/chat/completions'}, "
+        f"({s['prompts']} prompts"
+        + (f"; conversations start from {s['conversation_prompts']} of them, their own later "
+           "turns first, then generic follow-ups" if multi else "")
+        + f"), {'/v1/completions' if s['completions'] else '/v1/chat/completions'}, "
         f"max_tokens {s['max_tokens']}, temperature {s['temperature']}, seed {s['seed']}",
         *([f"- rounds: {repeats}, each running every configuration once, in turn; a level's "
            "requests and errors are summed over them, every other number is the median of the "
@@ -554,6 +759,8 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
                  _times(lv.get("full_batch_vs_c1")), _times(lv.get("curve_allows"))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if multi:
+        lines += multi_turn_table(levels) + [""]
     if repeats > 1:
         lines += ["## Each round", "", f"| config | c | round | tok/s | vs {s['baseline']} | "
                   "tokens / target call | full batch tok/s (s) |", "|---|---|---|---|---|---|---|"]
@@ -588,6 +795,14 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
         "ramp-up and drain; vs c=1 likewise. curve allows: what the target's measured cost "
         "curve (The servers) allows that to be for plain decoding, B / v(B) with v(B) = "
         "T(B) / T(1), prompt reads left out.",
+        *([] if not multi else [
+            "- Multi-turn: conversations: how many the level ran (c clients, each its own, one "
+            "after another); TTFT p50/p90: over every turn; warm: over turns >= 2, whose history "
+            "(system prompt, earlier turns and answers) a prefix cache can hold. cached / prompt "
+            "tokens: of the warm turns, the prompt tokens the server reported its cache held "
+            "(`usage.prompt_tokens_details.cached_tokens`, llama-server's `timings.cache_n`) and "
+            "all their prompt tokens; hit rate: the first over the second (– where the server "
+            "reported none)."]),
         "",
     ]
     path = out / "summary.md"
@@ -595,8 +810,28 @@ def write_summary(out: Path, meta: dict, levels: list[dict], plots: list[str],
     return path
 
 
+def multi_turn_table(levels: list[dict]) -> list[str]:
+    """summary.md's multi-turn table: TTFT over every turn and the warm ones, and the prefix
+    cache's hits (`turn_stats`)."""
+    head = ["config", "c", "conversations", "requests", "errors", "tok/s", "TTFT p50 ms",
+            "TTFT p90 ms", "warm TTFT p50 ms", "warm TTFT p90 ms", "warm cached / prompt tokens",
+            "cache hit rate"]
+    lines = ["## Multi-turn: TTFT by turn and the prefix cache", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for lv in levels:
+        cached, prompt = lv["warm_cached_tokens"], lv["warm_prompt_tokens"]
+        cells = [lv["config"], str(lv["concurrency"]), str(lv["conversations"]), str(lv["requests"]),
+                 f"**{lv['errors']}**" if lv["errors"] else "0",
+                 "–" if lv["throughput"] is None else f"{lv['throughput']:.1f}",
+                 *(_ms(lv[k]) for k in ("ttft_p50", "ttft_p90", "warm_ttft_p50", "warm_ttft_p90")),
+                 "–" if cached is None else f"{cached} / {prompt}", _percent(lv["cache_hit_rate"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_plots(out: Path, levels: list[dict]) -> list[str]:
-    """Throughput and p99 ITL against concurrency, one line per configuration."""
+    """Throughput and p99 ITL against concurrency, one line per configuration; multi-turn:
+    the warm turns' p50 TTFT and the cache hit rate too."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -604,14 +839,19 @@ def write_plots(out: Path, levels: list[dict]) -> list[str]:
 
     names = []
     configs = list(dict.fromkeys(lv["config"] for lv in levels))
-    for key, scale, ylabel, title, name in (
-            ("throughput", 1, "completion tokens / s", "Throughput", "throughput.png"),
-            ("itl_p99", 1000, "p99 inter-token latency (ms)", "p99 ITL (per streamed chunk)",
-             "itl_p99.png")):
+    plots = [("throughput", 1, "completion tokens / s", "Throughput", "throughput.png"),
+             ("itl_p99", 1000, "p99 inter-token latency (ms)", "p99 ITL (per streamed chunk)",
+              "itl_p99.png")]
+    if any("warm_ttft_p50" in lv for lv in levels):
+        plots += [("warm_ttft_p50", 1000, "p50 TTFT of turns >= 2 (ms)", "Warm-turn TTFT",
+                   "warm_ttft_p50.png"),
+                  ("cache_hit_rate", 100, "warm-turn prompt tokens cached (%)", "Cache hit rate",
+                   "cache_hit_rate.png")]
+    for key, scale, ylabel, title, name in plots:
         fig, ax = plt.subplots(figsize=(6, 4))
         for config in configs:
             pts = [(lv["concurrency"], lv[key] * scale) for lv in levels
-                   if lv["config"] == config and lv[key] is not None]
+                   if lv["config"] == config and lv.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=config)
         ax.set_xscale("log", base=2)
@@ -621,7 +861,8 @@ def write_plots(out: Path, levels: list[dict]) -> list[str]:
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} vs concurrency")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
+        if ax.lines:  # none where no configuration has the number (a server reporting no cache)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         plt.close(fig)
@@ -631,12 +872,13 @@ def write_plots(out: Path, levels: list[dict]) -> list[str]:
 
 # -- the run --------------------------------------------------------------------------------
 def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level: dict[int, int],
-                out: Path, bar) -> tuple[list[dict], list[dict], list[dict]]:
+                out: Path, bar, conversations: dict[int, list[dict]] | None = None
+                ) -> tuple[list[dict], list[dict], list[dict]]:
     """Each configuration's server started, warmed up, driven at each concurrency (the keys
-    of ``per_level``, with that many requests) and stopped; ``args.repeats`` rounds of them
-    all, in turn, so that a machine's drift falls on every configuration alike. Returns what
-    each server ran, one row per request, and one aggregate per (round, configuration,
-    concurrency)."""
+    of ``per_level``, with that many requests; multi-turn: ``conversations[c]``, `run_conversations`)
+    and stopped; ``args.repeats`` rounds of them all, in turn, so that a machine's drift falls
+    on every configuration alike. Returns what each server ran, one row per request, and one
+    aggregate per (round, configuration, concurrency)."""
     import asyncio
 
     from ..errors import AnydraftError
@@ -657,28 +899,46 @@ def run_configs(args, configs: list[ServeConfig], prompts: list[dict], per_level
             servers[-1].update(max_batch=health.get("max_batch"), cost_curve=health.get("cost_curve"),
                                target_path=health.get("target_path"))
             if not args.no_warmup:  # first-request costs (allocations, lazy imports) untimed
-                row = asyncio.run(run_level(base, [request_body(prompts[0]["prompt"], args, args.seed)],
-                                            1, None, args.seed, lambda r: None))[0][0]
+                # multi-turn: the system prompt, as a server in use would have read it already
+                warmup = (request_body(prompts[0]["prompt"], args, args.seed) if conversations is None
+                          else request_body([{"role": "system", "content": SYSTEM_PROMPT},
+                                             {"role": "user", "content": WARMUP_MESSAGE}],
+                                            args, args.seed, cache_prompt=True))
+                row = asyncio.run(run_level(base, [warmup], 1, None, args.seed, lambda r: None))[0][0]
                 if row["error"]:
                     raise AnydraftError(server.failure(f"failed its warm-up request ({row['error']})",
                                                        config.label))
             for c in per_level:
-                picked = [prompts[i % len(prompts)] for i in range(per_level[c])]
-                bodies = [request_body(p["prompt"], args, args.seed + i) for i, p in enumerate(picked)]
                 note = f"{name} c={c}"
-                rows, wall = asyncio.run(run_level(base, bodies, c, args.rate, args.seed,
-                                                   lambda r, note=note: bar.step(note)))
-                for i, (p, r) in enumerate(zip(picked, rows, strict=True)):
+                if conversations is None:
+                    picked = [prompts[i % len(prompts)] for i in range(per_level[c])]
+                    bodies = [request_body(p["prompt"], args, args.seed + i) for i, p in enumerate(picked)]
+                    rows, wall = asyncio.run(run_level(base, bodies, c, args.rate, args.seed,
+                                                       lambda r, note=note: bar.step(note)))
+                    rows = [{"prompt_id": p["id"], **r} for p, r in zip(picked, rows, strict=True)]
+                else:
+                    turns = len(conversations[c][0]["turns"])
+
+                    def body(messages, j, turn, turns=turns):
+                        return request_body(messages, args, args.seed + j * turns + turn - 1,
+                                            cache_prompt=True)
+
+                    rows, wall = asyncio.run(run_conversations(base, conversations[c], c, body,
+                                                               lambda r, note=note: bar.step(note)))
+                for i, r in enumerate(rows):
                     requests.append({"config": config.label, "round": round_, "concurrency": c,
-                                     "index": i, "prompt_id": p["id"], **r})
+                                     "index": i, **r})
                 level = {"config": config.label, "round": round_, "concurrency": c,
-                         **aggregate(rows, wall)}
+                         **aggregate(rows, wall), **({} if conversations is None else turn_stats(rows))}
                 level["full_batch"], level["full_batch_seconds"] = full_batch(
                     rows, min(c, servers[-1]["max_batch"] or c))
                 levels.append(level)
                 bad = [r["error"] for r in rows if r["error"]]
+                warm = ("" if conversations is None else
+                        f", warm TTFT p50 {_ms(level['warm_ttft_p50'])} ms, cache hit "
+                        f"{_percent(level['cache_hit_rate'])}")
                 bar.note(f"[{name}] c={c}: {level['throughput'] or 0:.1f} tok/s, p99 ITL "
-                         f"{_ms(level['itl_p99'])} ms" + (f"; {len(bad)} failed: {bad[0]}" if bad else ""))
+                         f"{_ms(level['itl_p99'])} ms{warm}" + (f"; {len(bad)} failed: {bad[0]}" if bad else ""))
         finally:
             server.stop()
     return servers, requests, levels
@@ -705,6 +965,17 @@ def cmd_bench_serve(args) -> int:
         raise AnydraftError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.repeats < 1:
         raise AnydraftError(f"--repeats must be >= 1, got {args.repeats}")
+    multi = args.workload == MULTI_TURN
+    if not multi and args.turns is not None:
+        raise AnydraftError("--turns is for --workload multi-turn")
+    turns = (DEFAULT_TURNS if args.turns is None else args.turns) if multi else None
+    if multi and turns < 1:
+        raise AnydraftError(f"--turns must be >= 1, got {turns}")
+    if multi and args.rate is not None:
+        raise AnydraftError("--workload multi-turn runs a closed loop (a conversation's next turn "
+                            "waits for its answer): leave out --rate")
+    if multi and args.completions:
+        raise AnydraftError("--workload multi-turn sends chat messages: leave out --completions")
     refuse_realtime()
     configs = (parse_configs(args.configs) if args.configs
                else default_configs(args.max_batch or max(levels_c)))
@@ -720,9 +991,13 @@ def cmd_bench_serve(args) -> int:
     for spec in filter(None, (args.target, args.drafter)):
         resolve(spec)  # an unknown model fails here, before any server starts
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    prompts = load_dataset(args.dataset, categories, args.n)
+    prompts = load_dataset(args.dataset, categories, args.n, turns=multi)
     random.Random(args.seed).shuffle(prompts)  # one order, the same for every level and config
     per_level = {c: args.requests_per_level or max(16, 4 * c) for c in levels_c}
+    conversations = None
+    if multi:
+        conversations = plan_conversations(conversation_rows(prompts), per_level, turns)
+        per_level = {c: len(plan) * turns for c, plan in conversations.items()}
     out = Path(args.out or datetime.datetime.now().strftime("bench-serve-%Y%m%d-%H%M%S"))
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -737,7 +1012,11 @@ def cmd_bench_serve(args) -> int:
                      "requests_per_level": args.requests_per_level,  # None: max(16, 4c)
                      "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "seed": args.seed, "completions": args.completions, "baseline": baseline,
-                     "warmup": not args.no_warmup, "repeats": args.repeats},
+                     "warmup": not args.no_warmup, "repeats": args.repeats,
+                     "workload": args.workload, "turns": turns,
+                     # multi-turn: the rows conversations start from, and the shared system prompt
+                     **({"conversation_prompts": len(conversation_rows(prompts)),
+                         "system_prompt": SYSTEM_PROMPT} if multi else {})},
         "configs": [],  # each configuration's first server
         "servers": [],  # every server started, each round's
     }
@@ -745,9 +1024,15 @@ def cmd_bench_serve(args) -> int:
     bar.note(f"bench-serve: {len(configs)} configuration(s) x concurrency "
              f"{','.join(map(str, levels_c))}"
              + (f" x {args.repeats} rounds" if args.repeats > 1 else "")
+             + (f", conversations of {turns} turns" if multi else "")
              + f", {len(prompts)} prompts -> {out}")
+    if multi and sum(map(len, conversations.values())) > len(conversation_rows(prompts)):
+        bar.note(f"note: {sum(map(len, conversations.values()))} conversations from "
+                 f"{len(conversation_rows(prompts))} dataset rows: some repeat, and a server may "
+                 "still hold a repeated one's turns (use a dataset with more rows, or fewer requests)")
     try:
-        meta["servers"], requests, rounds = run_configs(args, configs, prompts, per_level, out, bar)
+        meta["servers"], requests, rounds = run_configs(args, configs, prompts, per_level, out, bar,
+                                                        conversations)
     finally:
         bar.bar.close()
     meta["configs"] = [server for server in meta["servers"] if server["round"] == 1]

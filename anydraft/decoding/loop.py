@@ -126,9 +126,13 @@ class Generation:
     new text as it comes, `result` the whole output once `done`."""
 
     def __init__(self, state: DecodeState, method, max_new_tokens: int, eos_ids: frozenset[int],
-                 text: TextAssembler, finish: Finish, cancel: Callable[[], str | None] | None = None):
+                 text: TextAssembler, finish: Finish, cancel: Callable[[], str | None] | None = None,
+                 keep: Callable | None = None):
         self.state, self.method, self.max_new_tokens = state, method, max_new_tokens
         self.eos_ids, self.text, self.finish, self.cancel = eos_ids, text, finish, cancel
+        # ``keep(session, ids, usable)`` takes the target's cache when the generation leaves,
+        # for a later prompt that starts alike (models/prefix.py; None: it is freed)
+        self.keep = keep
         self.row = None  # the method's Row, once `start` read the prompt
         self.prompt_tokens = len(state.committed)
         self.generated = 0
@@ -151,6 +155,7 @@ class Generation:
         if not stats.prompt_tokens:  # the first call
             stats.method = self.method.name
             stats.prompt_tokens = self.prompt_tokens
+            stats.cached_tokens = len(state.target)  # a kept cache's prefix (models/prefix.py)
             self._start = time.perf_counter()
             state.cancel = self.cancel
         if self.cancel is not None or chunks is not None or state.target.exact:
@@ -240,10 +245,20 @@ class Generation:
 
     def leave(self) -> None:
         """Free the target's and the drafter's rows or caches now (a batch's rows go to the next
-        request)."""
+        request); the target's goes to ``keep`` where there is one and the generation did not
+        fail, with the committed tokens it holds, all of them usable by a later sequence, or
+        on an exact target only the prompt's whole `PREFILL_CHUNK` pieces: what a later
+        prompt's read computes alike (models/exact.py `reads`), where the answer's tokens
+        were scored in steps of other sizes."""
         drafter = self.row.drafter if self.row is not None else None
-        for session in (self.state.target, drafter.session if drafter is not None else None):
-            close_session(session)
+        close_session(drafter.session if drafter is not None else None)
+        target, committed = self.state.target, self.state.committed
+        if self.keep is None or self.error is not None:
+            close_session(target)
+            return
+        held = min(len(target), len(committed))
+        usable = (self.prompt_tokens - 1) // PREFILL_CHUNK * PREFILL_CHUNK if target.exact else held
+        self.keep(target, committed[:held], min(held, usable))
 
     def delta(self) -> str:
         """New text since the last call (never half a UTF-8 character or a possible stop string)."""
@@ -329,6 +344,7 @@ class Batch:
         """Drop every generation (after a failed step), freeing their rows; the dropped ones."""
         dropped, self.joining, self.active = self.joining + self.active, [], []
         for g in dropped:
+            g.keep = None  # the failed call may have left its caches in no known state
             g.leave()
         return dropped
 

@@ -14,6 +14,7 @@ class Stats:
     method: str = "ar"
     new_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of them, held by a kept cache before the request (models/prefix.py)
     seconds: float = 0.0
     target_calls: int = 0
     drafter_calls: int = 0
@@ -44,6 +45,7 @@ class Stats:
         return {
             "method": self.method,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "seconds": self.seconds,
             "tokens_per_s": self.new_tokens / self.seconds if self.seconds > 0 else 0.0,

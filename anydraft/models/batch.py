@@ -32,6 +32,7 @@ from typing import Protocol
 import torch
 
 from ..errors import AnydraftError
+from .prefix import PrefixCache
 from .session import close_session
 
 
@@ -76,7 +77,15 @@ class OwnedRows:
     the last reference: the server's event loop, another worker) must not cut its row out of a
     cache the owner may be decoding in at that moment, so it only queues the row here
     (``release``, safe from any thread); the owner removes the queued rows before it next adds
-    a row or feeds (``reclaim``)."""
+    a row or feeds (``reclaim``).
+
+    The prefix cache (issue 57, docs/prefix-cache.md): a row whose generation ended may be
+    kept (``keep``) with the token ids its cache holds, up to ``keep_tokens`` tokens over all
+    kept rows (0: none kept); ``take_row(ids)`` gives a sequence that starts with ``ids`` the
+    kept row holding the longest usable prefix of them, rolled back to it, so that it reads
+    only the rest. Kept rows are given up, least recently kept first, for room or for a row."""
+
+    keep_tokens = 0  # the owner sets it (`Decoder.new_rows`)
 
     def release(self, row: int) -> None:
         self.__dict__.setdefault("_released", deque()).append(row)  # one step each: thread-safe
@@ -85,6 +94,37 @@ class OwnedRows:
         released = self.__dict__.get("_released")
         while released:
             self.remove_row(released.popleft())
+
+    @property
+    def prefixes(self) -> PrefixCache:
+        """The kept rows (models/prefix.py)."""
+        if "_prefixes" not in self.__dict__:
+            self._prefixes = PrefixCache(self.keep_tokens, self.remove_row)
+        self._prefixes.tokens = self.keep_tokens
+        return self._prefixes
+
+    def keep(self, row: int, ids: Sequence[int], usable: int) -> None:
+        """``row``'s generation ended with ``ids`` in its cache (a step's tokens past what the
+        output kept are cut off here), the first ``usable`` of which a later sequence may read
+        as its own (decoding/loop.py `Generation.leave`): keep it if that fits, else remove it."""
+        if self.length(row) > len(ids):
+            self.rollback(row, len(ids))
+        if not self.prefixes.put(row, ids, usable):
+            self.remove_row(row)
+
+    def take_row(self, ids: Sequence[int]) -> int:
+        """A row for a sequence that starts with ``ids``: a kept row that holds a prefix of
+        them (`PrefixCache.take`), rolled back to it (its `length`), or a fresh row, a kept
+        one given up for it where every row is taken."""
+        self.reclaim()
+        taken = self.prefixes.take(ids, fresh_free=self.rows_taken() < self.max_rows)
+        if taken is not None:
+            row, shared = taken
+            self.rollback(row, shared)
+            return row
+        if self.rows_taken() >= self.max_rows:
+            self.prefixes.give_up_oldest()
+        return self.add_row()
 
 
 class RowLengths(OwnedRows):
@@ -106,6 +146,9 @@ class RowLengths(OwnedRows):
     def remove_row(self, row: int) -> None:
         self.lengths.pop(row, None)
 
+    def rows_taken(self) -> int:
+        return len(self.lengths)
+
     def length(self, row: int) -> int:
         return self.lengths[row]
 
@@ -118,10 +161,12 @@ class RowView:
     """One row of a `BatchSession` as a `Session`; the row is freed when the view is closed (by
     the batch's owner) or released when it is collected (on any thread: `OwnedRows`)."""
 
-    def __init__(self, batch: BatchSession):
+    def __init__(self, batch: BatchSession, ids: Sequence[int] | None = None):
+        """A row of ``batch``; for a sequence that starts with ``ids``, one that may hold a
+        prefix of them already (`OwnedRows.take_row`: its length says how much)."""
         self.batch = self._rows = batch
         self.exact = batch.exact
-        self.row = batch.add_row()
+        self.row = batch.add_row() if ids is None else batch.take_row(ids)
         self.vocab_size, self.max_length = batch.vocab_size, batch.max_length
         self._free = weakref.finalize(self, batch.release, self.row)
 
@@ -138,6 +183,12 @@ class RowView:
         """Free the row now (the batch's owner calls this: `Generation.leave`)."""
         if self._free.detach() is not None:
             self._rows.remove_row(self.row)
+
+    def keep(self, ids: Sequence[int], usable: int) -> None:
+        """Close, keeping the row's cache for a later sequence where the batch keeps any
+        (`OwnedRows.keep`; ``ids``: what the cache holds)."""
+        if self._free.detach() is not None:
+            self._rows.keep(self.row, ids, usable)
 
 
 class OwnRow(RowView):
@@ -172,6 +223,9 @@ class SerialBatch(OwnedRows):
 
     def remove_row(self, row: int) -> None:
         close_session(self.sessions.pop(row, None))
+
+    def rows_taken(self) -> int:
+        return len(self.sessions)
 
     def length(self, row: int) -> int:
         return len(self.sessions[row])

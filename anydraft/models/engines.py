@@ -234,24 +234,36 @@ _GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12:
 
 
 def architecture(gguf: str) -> str:
-    """A GGUF file's ``general.architecture`` ("llama", "qwen2", "gemma3"), read from its
-    header's key-value pairs (where it comes first, in a few bytes: the gguf package's reader
-    maps every tensor first, seconds for a 1 GB file)."""
+    """A GGUF file's ``general.architecture`` ("llama", "qwen2", "gemma3")."""
+    arch = gguf_values(gguf, lambda key: key == "general.architecture").get("general.architecture")
+    if not isinstance(arch, str):
+        raise AnydraftError(f"{gguf} names no general.architecture")
+    return arch
+
+
+def gguf_values(gguf: str, wanted) -> dict:
+    """The header values of a GGUF file whose keys ``wanted(key)`` takes (numbers and strings;
+    an array as a list of its numbers), read from its key-value pairs alone (the gguf package's
+    reader maps every tensor first, seconds for a 1 GB file)."""
     import struct
 
+    formats = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    out = {}
     with open(gguf, "rb") as f:
         def read(fmt):
             return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
 
-        def skip(kind):
+        def value(kind, keep: bool):
             if kind == 8:
-                f.seek(read("Q"), 1)
-            elif kind == 9:
+                data = f.read(read("Q"))
+                return data.decode(errors="replace") if keep else None
+            if kind == 9:
                 inner, count = read("I"), read("Q")
-                for _ in range(count):
-                    skip(inner)
-            else:
-                f.seek(_GGUF_SIZES[kind], 1)
+                return [value(inner, keep) for _ in range(count)]
+            if keep:
+                return read(formats[kind])
+            f.seek(_GGUF_SIZES[kind], 1)
+            return None
 
         if f.read(4) != b"GGUF":
             raise AnydraftError(f"{gguf} is not a GGUF file")
@@ -259,10 +271,30 @@ def architecture(gguf: str) -> str:
         read("Q")  # tensors
         for _ in range(read("Q")):
             key, kind = f.read(read("Q")).decode(), read("I")
-            if key == "general.architecture" and kind == 8:
-                return f.read(read("Q")).decode()
-            skip(kind)
-    raise AnydraftError(f"{gguf} names no general.architecture")
+            keep = wanted(key)
+            found = value(kind, keep)
+            if keep:
+                out[key] = found
+    return out
+
+
+def kv_bytes_per_token(gguf: str) -> int:
+    """Bytes one token takes in the KV cache of a GGUF model, both engines' default f16 cache:
+    every layer's keys and values over its KV heads (a per-layer head count summed)."""
+    values = gguf_values(gguf, lambda key: key == "general.architecture" or key.split(".", 1)[-1] in (
+        "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+        "attention.key_length", "attention.value_length"))
+    arch = values.get("general.architecture")
+
+    def get(name, default=None):
+        return values.get(f"{arch}.{name}", default)
+
+    layers, heads = int(get("block_count", 0)), get("attention.head_count", 1)
+    heads = max(heads) if isinstance(heads, list) else heads
+    kv = get("attention.head_count_kv", heads)
+    kv_heads = sum(kv) if isinstance(kv, list) else kv * layers
+    head = get("embedding_length", 0) // max(1, heads)
+    return int(kv_heads * (get("attention.key_length", head) + get("attention.value_length", head)) * 2)
 
 
 def end_ids(api, model, vocab) -> set[int]:

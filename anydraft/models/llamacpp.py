@@ -384,6 +384,9 @@ class LlamaCppBatch(OwnedRows):
     def length(self, row: int) -> int:
         return self._rows[row]
 
+    def rows_taken(self) -> int:
+        return len(self._rows)
+
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         self.reclaim()
         lib, ctx, batch = self._lib, self._context.ctx, self._context.batch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import AnydraftError
 from . import llamacpp, synthetic
-from .engines import ENGINES
+from .engines import ENGINES, kv_bytes_per_token
 from .loading import load_model, load_tokenizer, resolve
 from .null import NullModel
 from .session import HFSession, Session, check_rollback, context_window, fast_path_problem
@@ -128,6 +128,25 @@ class LoadedModel:
         if self._runs_itself:
             return self.model.vocab_size
         return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token takes in this model's KV cache (what the prefix cache counts)."""
+        if self.backend in ENGINES:
+            return kv_bytes_per_token(self.model.path)
+        if self.backend == "null":
+            return 1  # it keeps lengths only
+        config = self.model.config.get_text_config(decoder=True)
+        heads = config.num_attention_heads
+        head = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        size = next(self.model.parameters()).element_size()
+        return 2 * config.num_hidden_layers * kv_heads * head * size
+
+    def kept_cost(self, tokens: int) -> int:
+        """Tokens a session of its own holding ``tokens`` counts against the prefix cache's
+        budget: a llama.cpp session allocated its whole context at its creation."""
+        return self.context_window if self.backend in ENGINES else tokens
 
     @property
     def context_window(self) -> int:

@@ -61,7 +61,8 @@ def _finish(state: ServerState, out) -> tuple[str, dict, dict]:
     state.metrics.record_generation(stats, out.finish_reason)
     stats["finish_reason"] = out.finish_reason
     usage = {"prompt_tokens": stats.get("prompt_tokens", 0),
-             "completion_tokens": stats.get("new_tokens", len(out.token_ids))}
+             "completion_tokens": stats.get("new_tokens", len(out.token_ids)),
+             "cached_tokens": stats.get("cached_tokens", 0)}
     return reason, usage, stats
 
 
@@ -70,7 +71,9 @@ def _total_usage(usages: list[dict]) -> dict:
     prompt = usages[0]["prompt_tokens"]
     completion = sum(u["completion_tokens"] for u in usages)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            # OpenAI's: prompt tokens a cache held (models/prefix.py), the most of any choice's
+            "prompt_tokens_details": {"cached_tokens": max(u["cached_tokens"] for u in usages)}}
 
 
 def _first_token(state: ServerState, request: Request) -> None:

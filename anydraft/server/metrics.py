@@ -27,6 +27,8 @@ VLLM = {
     "anydraft_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
     "anydraft_accepted_tokens_per_position": "vllm:spec_decode_num_accepted_tokens_per_pos",
     "anydraft_prompt_tokens": "vllm:prompt_tokens",
+    "anydraft_prefix_cache_queries": "vllm:prefix_cache_queries",
+    "anydraft_prefix_cache_hits": "vllm:prefix_cache_hits",
     "anydraft_completion_tokens": "vllm:generation_tokens",
     "anydraft_generations": "vllm:request_success",
     "anydraft_request_latency_seconds": "vllm:e2e_request_latency_seconds",
@@ -107,6 +109,10 @@ class Metrics:
             "client went away)", ["finish_reason"], vllm_labels=["finished_reason"],
             relabel=lambda vllm, reason: vllm.labels(VLLM_FINISHED.get(reason, "abort")))
         self.prompt_tokens = metric(Counter, "anydraft_prompt_tokens", "Prompt tokens processed")
+        self.prefix_queries = metric(Counter, "anydraft_prefix_cache_queries",
+                                     "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = metric(Counter, "anydraft_prefix_cache_hits",
+                                  "Prompt tokens the prefix cache held (not read again)")
         self.completion_tokens = metric(Counter, "anydraft_completion_tokens", "Tokens generated")
         self.drafts = metric(Counter, "anydraft_drafts", "Steps that offered draft tokens to the target")
         self.drafted = metric(Counter, "anydraft_drafted_tokens", "Draft tokens offered to the target")
@@ -149,6 +155,8 @@ class Metrics:
     def record_generation(self, stats: dict, finish_reason: str) -> None:
         self.generations.labels(finish_reason).inc()
         self.prompt_tokens.inc(stats.get("prompt_tokens", 0))
+        self.prefix_queries.inc(stats.get("prompt_tokens", 0))
+        self.prefix_hits.inc(stats.get("cached_tokens", 0))
         self.completion_tokens.inc(stats.get("new_tokens", 0))
         self.drafts.inc(stats.get("drafts", 0))
         self.drafted.inc(stats.get("drafted", 0))

@@ -35,6 +35,11 @@ def add_serve_options(s) -> None:
                         f"(default {SETTINGS.min_prefill}): fewer keep the other requests' inter-token latency "
                         "steadier where scoring more tokens costs more (CPUs), more bring a "
                         "joining request's first token sooner")
+    s.add_argument("--prefix-cache-mb", type=float, default=None, metavar="MB",
+                   help="MiB of KV caches kept after requests, shared by the workers, so that a "
+                        "prompt starting as an earlier one (the next turn of a conversation) reads "
+                        "only its new tokens; 0 turns it off (default: 1/16 of this machine's "
+                        "memory, at most 1024)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a worker; more get 429 with Retry-After")
     s.add_argument("--max-queued-per-client", type=int, default=None,

@@ -21,13 +21,17 @@ def build_decoders(args) -> tuple[list, int]:
     since a Hugging Face tokenizer is not safe to share between threads. Model names are
     shown without local paths (`public_name`)."""
     from ..decoder import Decoder
+    from ..models.prefix import default_prefix_cache_mb
     from ..options import decoder_options, progress
 
     options = decoder_options(args)
     exact_auto = options.get("exact") == "auto"
     if exact_auto:
         options["exact"] = False  # decided below, once the batch is known
-    first = Decoder(**options, rows=target_rows(args))
+    # the prefix cache's memory, shared by the workers (each keeps its own requests' caches)
+    total = getattr(args, "prefix_cache_mb", None)
+    share = (default_prefix_cache_mb() if total is None else total) / args.max_concurrency
+    first = Decoder(**options, rows=target_rows(args), prefix_cache_mb=share)
     max_batch = choose_max_batch(first, args)
     if exact_auto:
         first.choose_exact(args.target, max_batch, progress)
@@ -41,7 +45,7 @@ def build_decoders(args) -> tuple[list, int]:
         dec = Decoder(target=first.target.model, tokenizer=copy.deepcopy(first.target.tokenizer),
                       drafter=d.model if d else None,
                       drafter_tokenizer=copy.deepcopy(d.tokenizer) if d else None, draft=first.draft,
-                      exact=first.target.exact)
+                      exact=first.target.exact, prefix_cache_mb=share)
         # the same models as the first's, named alike (a stats file is keyed by them), and
         # the same measured cost curve to start from
         dec.target.name, dec.target.dtype = first.target.name, first.target.dtype

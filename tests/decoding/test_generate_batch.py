@@ -44,14 +44,17 @@ def tok():
 @pytest.fixture(scope="module")
 def decoders(tok):
     """Fixed draft lengths: the adaptive policy chooses them from timings, and seeded sampling
-    repeats its draws only where the draft lengths repeat (greedy output does either way)."""
+    repeats its draws only where the draft lengths repeat (greedy output does either way). No
+    prefix cache: each call's batch and reads are what these tests count (it has its own,
+    tests/models/test_prefix.py)."""
     target, drafter = tiny_llama(len(tok), seed=0), tiny_llama(len(tok), seed=1)
+    off = {"prefix_cache_mb": 0}
     return {
-        "ar": Decoder(target=target, tokenizer=tok, method="ar"),
+        "ar": Decoder(target=target, tokenizer=tok, method="ar", **off),
         "sd": Decoder(target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok,
-                      method="sd", num_draft_tokens=4, adaptive=False),
-        "lookup": Decoder(target=target, tokenizer=tok, method="lookup", adaptive=False),
-        "auto": Decoder(target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok),
+                      method="sd", num_draft_tokens=4, adaptive=False, **off),
+        "lookup": Decoder(target=target, tokenizer=tok, method="lookup", adaptive=False, **off),
+        "auto": Decoder(target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok, **off),
     }
 
 
@@ -238,7 +241,8 @@ def test_an_exact_batch_reads_a_joining_prompt_as_a_request_alone(tok, monkeypat
     from anydraft.models.session import PREFILL_CHUNK
     from anydraft.planning import call as call_module
 
-    decoder = Decoder(target=tiny_llama(len(tok), max_positions=1024), tokenizer=tok, method="ar")
+    decoder = Decoder(target=tiny_llama(len(tok), max_positions=1024), tokenizer=tok, method="ar",
+                      prefix_cache_mb=0)
     sizes: list[dict[int, int]] = []
     monkeypatch.setattr(call_module, "prefill_budget", lambda curve, tokens, min_prefill: 5)
     rows = Rows(Sizes(sizes, decoder.target.new_session, 2, True), None)

@@ -127,7 +127,7 @@ def test_drafter_reads_a_long_prompt_in_chunks_and_stops_on_cancel(decoder, monk
     model, tok = decoder.target.model, decoder.target.tokenizer
     dec = Decoder(target=model, tokenizer=copy.deepcopy(tok), drafter=model,
                   drafter_tokenizer=copy.deepcopy(tok), method="sd", adaptive=False,
-                  drafter_context=0)
+                  drafter_context=0, prefix_cache_mb=0)  # each run reads the whole prompt
     fed = []  # (session, tokens) per feed call; the first session fed is the target's
     feed = HFSession.feed
 

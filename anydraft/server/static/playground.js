@@ -75,7 +75,8 @@ function Panel(el) {
     const acc = p.offered ? (100 * p.accepted / p.offered).toFixed(0) + "%" : "n/a";
     stats.textContent = `${p.tokens} tokens in ${p.steps} steps · ${rate.toFixed(1)} tokens/s · ` +
       `acceptance ${acc} (${p.accepted}/${p.offered})` +
-      (f ? ` · ${f.mean_accepted.toFixed(2)} tokens per target call · finish: ${f.finish_reason}` : "");
+      (f ? ` · ${f.mean_accepted.toFixed(2)} tokens per target call · finish: ${f.finish_reason}` +
+           (f.cached_tokens ? ` · prompt ${f.cached_tokens}/${f.prompt_tokens} tokens from the prefix cache` : "") : "");
   };
   p.text = () => text.textContent;
   p.el = el;
