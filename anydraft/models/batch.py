@@ -115,7 +115,10 @@ class OwnedRows:
     def take_row(self, ids: Sequence[int]) -> int:
         """A row for a sequence that starts with ``ids``: a kept row that holds a prefix of
         them (`PrefixCache.take`), rolled back to it (its `length`), or a fresh row, a kept
-        one given up for it where every row is taken."""
+        one given up for it where every row is taken. Where the batch can share positions
+        between rows (``copy_prefix``: llama.cpp's unified cache), a fresh row starts with the
+        prefix a kept row shares with ``ids`` (a system prompt common to conversations), and
+        the kept row stays for its own conversation."""
         self.reclaim()
         taken = self.prefixes.take(ids, fresh_free=self.rows_taken() < self.max_rows)
         if taken is not None:
@@ -124,7 +127,11 @@ class OwnedRows:
             return row
         if self.rows_taken() >= self.max_rows:
             self.prefixes.give_up_oldest()
-        return self.add_row()
+        row = self.add_row()
+        source, shared = self.prefixes.best(ids)
+        if shared and hasattr(self, "copy_prefix"):
+            self.copy_prefix(source, row, shared)
+        return row
 
 
 class RowLengths(OwnedRows):

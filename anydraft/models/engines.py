@@ -133,6 +133,7 @@ IK_AS_LLAMACPP = {
     "llama_tokenize": "llama_vocab_tokenize",  # ik's llama_tokenize takes the model
     "llama_token_to_piece": "llama_token_to_piece_vocab",
     "llama_memory_seq_rm": "llama_kv_cache_seq_rm",
+    "llama_memory_seq_cp": "llama_kv_cache_seq_cp",
     "llama_memory_seq_pos_max": "llama_kv_cache_seq_pos_max",
 }
 
@@ -164,6 +165,7 @@ def _ik_signatures(s) -> dict[str, tuple]:
         "llama_get_logits_ith": (ctypes.POINTER(ctypes.c_float), [p, i32]),
         "llama_set_n_threads": (None, [p, u32, u32]),
         "llama_kv_cache_seq_rm": (b, [p, i32, i32, i32]),
+        "llama_kv_cache_seq_cp": (None, [p, i32, i32, i32, i32]),
         "llama_kv_cache_clear": (None, [p]),
         "llama_kv_cache_seq_pos_max": (i32, [p, i32]),
         "llama_vocab_tokenize": (i32, [p, ctypes.c_char_p, i32, ctypes.POINTER(i32), i32, b, b]),

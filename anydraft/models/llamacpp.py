@@ -387,6 +387,14 @@ class LlamaCppBatch(OwnedRows):
     def rows_taken(self) -> int:
         return len(self._rows)
 
+    def copy_prefix(self, source: int, row: int, n: int) -> None:
+        """Give the empty ``row`` the first ``n`` positions of ``source`` (a kept row,
+        models/prefix.py): the unified cache tags the same cells with ``row`` too, no copy of
+        their keys and values; either row's later rollback leaves the other's alone."""
+        assert self._rows[row] == 0 and n <= self._rows[source], (row, source, n)
+        self._lib.llama_memory_seq_cp(self._context.memory, source, row, 0, n)
+        self._rows[row] = n
+
     def feed_rows(self, feeds: dict[int, Sequence[int]], rows: dict[int, int]) -> dict[int, torch.Tensor]:
         self.reclaim()
         lib, ctx, batch = self._lib, self._context.ctx, self._context.batch

@@ -71,14 +71,20 @@ class PrefixCache:
         ``ids``, where that keeps at least half of what it held (a shorter match would throw
         away a cache that a longer one may want later: while ``fresh_free``, a fresh cache is
         taken instead). None: take a fresh cache (`give_up_oldest` makes room where needed)."""
+        best, shared = self.best(ids)
+        if best is None or (fresh_free and 2 * shared < len(self.kept[best].ids)):
+            return None
+        del self.kept[best]
+        return best, shared
+
+    def best(self, ids: Sequence[int]) -> tuple[object, int]:
+        """The kept cache whose usable prefix shares the most tokens with ``ids`` (at least one
+        of them left to read) and how many, left in the cache; (None, 0) where none shares any."""
         best, shared = None, 0
         for handle, kept in self.kept.items():
             n = min(common_prefix(kept.ids, ids), kept.usable, len(ids) - 1)
             if n > shared:
                 best, shared = handle, n
-        if best is None or (fresh_free and 2 * shared < len(self.kept[best].ids)):
-            return None
-        del self.kept[best]
         return best, shared
 
     def give_up_oldest(self) -> bool:

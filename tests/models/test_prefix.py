@@ -162,3 +162,34 @@ def test_a_failed_generation_keeps_nothing():
     g.state.target, g.error = Session(), None
     g.leave()
     assert kept and kept[0][1:] == ([1, 2, 3, 4, 5], 5)
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "ik"])
+def test_a_shared_system_prompt_is_copied_into_a_fresh_row(smollm2, engine):
+    """llama.cpp's unified cache: a new conversation sharing only a kept row's system prompt
+    starts a fresh row holding that prompt (no read), scores as a cold row does (to the
+    rounding of a batch, tests/models/test_llamacpp_batch.py), and the kept row still serves
+    its own conversation's next turn."""
+    require_llamacpp(engine)
+    from anydraft.models.engines import ENGINES
+    from anydraft.models.llamacpp import LlamaCppBatch, LlamaCppModel
+    from anydraft.models.loading import resolve
+    from tests.models.test_batch import same
+    from tests.models.test_llamacpp_batch import MARGIN, TOL
+
+    source = resolve(smollm2)
+    model = LlamaCppModel(source.name, f"{source.path}/{source.gguf_file}", context=512, engine=ENGINES[engine])
+    batch = LlamaCppBatch(model, max_rows=3)
+    batch.keep_tokens = 10_000
+    system, a, b = list(range(200, 230)), list(range(300, 340)), list(range(400, 430))
+    first = RowView(batch, system + a)
+    first.feed(system + a, 1)
+    first.keep(system + a, len(system + a))
+    warm = RowView(batch, system + b)
+    assert warm.row != first.row and len(warm) == len(system)  # copied, not taken: 30 of 70
+    got = warm.feed(b, len(b))
+    cold = RowView(batch)
+    same(got, cold.feed(system + b, len(b)), TOL, MARGIN)
+    warm.close(), cold.close()
+    again = RowView(batch, system + a + [7, 8])
+    assert again.row == first.row and len(again) == len(system + a)  # its own turn, whole
